@@ -1,0 +1,55 @@
+"""What a plan's verl config needs on this machine and under the workbench (imports no verl: testable on a CPU)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .worker_hooks import flash_attn_available
+
+SETUP_HOOK = "workbench.runner.worker_hooks.setup"
+CHECKPOINT_DIR = "checkpoints"
+ACTOR_HF_ENV = "WORKBENCH_ACTOR_HF"
+
+
+def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, list[str]]:
+    """The plan's verl config plus what this machine and the workbench need; returns (config, notes for the user)."""
+    config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    notes = []
+    with open_dict(config):
+        config.trainer.default_local_dir = str(session_dir / CHECKPOINT_DIR)
+        config.trainer.resume_mode = "auto"
+        # An HF export beside the FSDP shards lets a restart on a different GPU count carry the actor weights over.
+        save_contents = list(config.actor_rollout_ref.actor.checkpoint.save_contents)
+        if "hf_model" not in save_contents:
+            config.actor_rollout_ref.actor.checkpoint.save_contents = [*save_contents, "hf_model"]
+        actor_hf = os.environ.get(ACTOR_HF_ENV)
+        if actor_hf:
+            config.actor_rollout_ref.model.path = actor_hf
+            config.trainer.resume_mode = "disable"
+            notes.append(f"restarting from the exported actor weights {actor_hf} (GPU count changed)")
+        if not flash_attn_available():
+            # verl defaults to flash-attention kernels; without flash-attn, padded sdpa is what works everywhere.
+            for model in (config.actor_rollout_ref.model, config.critic.model):
+                model.use_remove_padding = False
+                if model.get("override_config") is None:
+                    model.override_config = {}
+                model.override_config.attn_implementation = "sdpa"
+            notes.append("flash-attn is not installed: actor/ref/critic use sdpa attention without remove-padding")
+        runtime_env = config.ray_kwargs.ray_init.runtime_env
+        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+        if runtime_env.get("env_vars") is None:
+            runtime_env.env_vars = {}
+        env_vars = runtime_env.env_vars
+        for name, value in os.environ.items():
+            if name.startswith("WORKBENCH_"):
+                env_vars[name] = value
+        # Ray workers must import the workbench (setup hook, trainer): pass on where it lives.
+        package_root = str(Path(__file__).resolve().parents[2])
+        pythonpath = os.environ.get("PYTHONPATH", "")
+        if package_root not in pythonpath.split(os.pathsep):
+            pythonpath = os.pathsep.join(p for p in (package_root, pythonpath) if p)
+        env_vars["PYTHONPATH"] = pythonpath
+    return config, notes

@@ -1,0 +1,254 @@
+"""The workbench's verl trainer: verl's own V1 trainer class with hooks at the step boundary.
+
+`workbench_trainer(base)` subclasses whichever trainer verl picked for `trainer.v1.trainer_mode`, so sync,
+colocate_async and separate_async all keep verl's behaviour; the subclass only
+- writes every step's metrics to the session store (after verl computed them, before the next step),
+- executes `runner.*` directives from the supervisor at the step boundary: pause/resume, hot apply of token
+  budgets, checkpoint-and-exit (for restart-class changes) and stop,
+- passes the live token budgets to each worker call (verl reads them per call from the batch's extra_info),
+- places the critic on its own GPUs when the plan asks for it (verl shares `global_pool` between all roles),
+- records which process plays which role.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import ray
+from omegaconf import open_dict
+
+from verl.trainer.ppo.ray_trainer import ResourcePoolManager
+from verl.trainer.ppo.utils import Role
+
+from ..store import Store
+
+SESSION_ENV = "WORKBENCH_SESSION_DIR"
+SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
+CRITIC_GPUS_ENV = "WORKBENCH_CRITIC_GPUS"
+SKIP_CRITIC_RESUME_ENV = "WORKBENCH_SKIP_CRITIC_RESUME"
+STEP_OFFSET_ENV = "WORKBENCH_STEP_OFFSET"  # steps already trained before a restart from HF weights
+PAUSE_POLL_S = 0.5
+
+# knob name -> (config path the trainer keeps live, worker call that reads it)
+HOT_BUDGETS = {
+    "actor_token_budget": ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "update_actor"),
+    "logprob_token_budget": ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "old_log_prob"),
+    "ref_token_budget": ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "ref"),
+    "critic_token_budget": ("critic.ppo_infer_max_token_len_per_gpu", "critic"),
+}
+
+
+def _select(config, path: str):
+    node = config
+    for part in path.split("."):
+        node = node.get(part) if node is not None else None
+    return node
+
+
+def _set(config, path: str, value) -> None:
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    with open_dict(node):
+        node[leaf] = value
+
+
+def _scalar(v: Any) -> Any:
+    if hasattr(v, "item"):
+        try:
+            return v.item()
+        except (ValueError, RuntimeError):
+            return None
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return None
+
+
+class WorkbenchTrainerMixin:
+    """Mixed in front of a verl V1 PPOTrainer class (see `workbench_trainer`)."""
+
+    # ----------------------------------------------------------------- placement
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        critic_gpus = int(os.environ.get(CRITIC_GPUS_ENV, "0") or 0)
+        if critic_gpus <= 0 or Role.Critic not in self.mapping:
+            return
+        spec = dict(self.resource_pool_manager.resource_pool_spec)
+        spec["critic_pool"] = [critic_gpus] * self.config.trainer.nnodes
+        self.mapping[Role.Critic] = "critic_pool"
+        self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping)
+
+    # ----------------------------------------------------------------- life cycle
+    def on_init_end(self):
+        super().on_init_end()
+        self._wb_store = Store(os.environ[SESSION_ENV])
+        self._wb_segment = int(os.environ[SEGMENT_ENV])
+        self._wb_paused = False
+        self._wb_step_offset = int(os.environ.get(STEP_OFFSET_ENV, "0") or 0)
+        self._wb_budgets = {knob: _select(self.config, path) for knob, (path, _) in HOT_BUDGETS.items()}
+        self._wb_record_workers()
+        self._wb_store.add_event(
+            "started",
+            f"verl is ready at step {self._wb_step_offset + self.global_steps + 1} ({self.trainer_mode})",
+            {"segment": self._wb_segment, "first_step": self._wb_step_offset + self.global_steps + 1,
+             "budgets": self._wb_budgets},
+        )
+        self._wb_store.set_meta(state="running")
+
+    def _load_checkpoint(self):
+        # A critic whose architecture changed (LoRA on/off) can't load the old critic's shards: resume the actor,
+        # the data position and the step count, and start the critic afresh (the supervisor says so in an event).
+        if os.environ.get(SKIP_CRITIC_RESUME_ENV) != "1" or not self.use_critic:
+            return super()._load_checkpoint()
+        self.use_critic = False
+        try:
+            return super()._load_checkpoint()
+        finally:
+            self.use_critic = True
+
+    def _wb_record_workers(self) -> None:
+        node = socket.gethostname()
+        groups = {"actor_rollout_ref": self.actor_rollout_wg}
+        if self.use_critic:
+            groups["critic"] = self.critic_wg
+        roles_by_pid: dict[int, set[str]] = {}
+        for role, wg in groups.items():
+            pids = ray.get([w.__ray_call__.remote(lambda _self: os.getpid()) for w in wg.workers])
+            for pid in pids:
+                roles_by_pid.setdefault(pid, set()).add(role)
+        for pid, roles in roles_by_pid.items():
+            self._wb_store.add_worker(pid, "+".join(sorted(roles)), node, self._wb_segment)
+        self._wb_store.add_worker(os.getpid(), "driver", node, self._wb_segment)
+        try:  # the rollout servers and reward workers are Ray actors of their own
+            from ray.util.state import list_actors
+
+            for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000):
+                pid = actor.get("pid") if isinstance(actor, dict) else getattr(actor, "pid", None)
+                name = actor.get("class_name") if isinstance(actor, dict) else getattr(actor, "class_name", "")
+                if pid and pid not in roles_by_pid:
+                    self._wb_store.add_worker(pid, _role_of_actor_class(name or ""), node, self._wb_segment)
+        except Exception as e:  # the state API needs Ray's dashboard agent; the sampler falls back to titles
+            self._wb_store.add_event("telemetry", f"Ray state API unavailable for role attribution: {e!r}")
+
+    # ----------------------------------------------------------------- live token budgets
+    def _wb_with_budget(self, batch, knob: str) -> None:
+        budget = getattr(self, "_wb_budgets", {}).get(knob)
+        if budget is not None and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
+            batch.extra_info["use_dynamic_bsz"] = True
+            batch.extra_info["max_token_len_per_gpu"] = int(budget)
+
+    def _compute_old_log_prob(self, batch, metrics):
+        self._wb_with_budget(batch, "logprob_token_budget")
+        return super()._compute_old_log_prob(batch, metrics)
+
+    def _compute_ref_log_prob(self, batch, metrics):
+        self._wb_with_budget(batch, "ref_token_budget")
+        return super()._compute_ref_log_prob(batch, metrics)
+
+    def _compute_values(self, batch, metrics):
+        self._wb_with_budget(batch, "critic_token_budget")
+        return super()._compute_values(batch, metrics)
+
+    def _update_critic(self, batch, metrics):
+        self._wb_with_budget(batch, "critic_token_budget")
+        return super()._update_critic(batch, metrics)
+
+    def _update_actor(self, batch, metrics):
+        self._wb_with_budget(batch, "actor_token_budget")
+        return super()._update_actor(batch, metrics)
+
+    # ----------------------------------------------------------------- step boundary
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        row = {k: _scalar(v) for k, v in metrics.items()}
+        row.update({f"workbench/budget/{k}": v for k, v in self._wb_budgets.items()})
+        step = self._wb_step_offset + global_steps
+        self._wb_store.add_step(self._wb_segment, step, row)
+        self._wb_step_boundary(step)
+
+    def _wb_step_boundary(self, step: int) -> None:
+        while True:
+            for directive in self._wb_store.take_commands(kinds=RUNNER_DIRECTIVES, taker="runner"):
+                self._wb_execute(directive, step)
+            if not self._wb_paused:
+                return
+            time.sleep(PAUSE_POLL_S)
+
+    def _wb_execute(self, directive: dict, step: int) -> None:
+        kind, payload = directive["kind"], directive["payload"]
+        store = self._wb_store
+        try:
+            if kind == "runner.pause":
+                self._wb_paused = True
+                store.set_meta(state="paused")
+                store.add_event("paused", f"paused after step {step}", {"step": step})
+            elif kind == "runner.resume":
+                self._wb_paused = False
+                store.set_meta(state="running")
+                store.add_event("resumed", f"resumed after step {step}", {"step": step})
+            elif kind == "runner.hot_apply":
+                self._wb_hot_apply(payload, step)
+            elif kind in ("runner.checkpoint_exit", "runner.stop"):
+                if kind == "runner.checkpoint_exit" or payload.get("checkpoint"):
+                    t0 = time.time()
+                    self._save_checkpoint()
+                    store.add_event(
+                        "checkpoint",
+                        f"checkpoint at step {step} ({time.time() - t0:.1f} s)",
+                        {"step": step, "seconds": time.time() - t0},
+                    )
+                self._wb_paused = False
+                self.total_training_steps = self.global_steps  # verl's loop ends after this step
+                store.add_event("exiting", f"verl exits after step {step} ({kind.split('.')[1]})", {"step": step})
+            store.finish_command(directive["id"], "done", {"step": step})
+        except Exception as e:
+            store.finish_command(directive["id"], "failed", repr(e))
+            store.add_event("error", f"{kind} failed at step {step}: {e!r}", {"step": step})
+
+    def _wb_hot_apply(self, payload: dict, step: int) -> None:
+        changes: dict[str, Any] = payload["changes"]
+        unknown = sorted(set(changes) - set(HOT_BUDGETS))
+        if unknown:
+            raise ValueError(f"not hot-applicable in the runner: {unknown}")
+        before = dict(self._wb_budgets)
+        for knob, value in changes.items():
+            path, _ = HOT_BUDGETS[knob]
+            _set(self.config, path, int(value))
+            self._wb_budgets[knob] = int(value)
+        # A hot change is a new segment: same process, new plan, measured separately.
+        self._wb_store.end_segment(self._wb_segment, "done", f"hot apply after step {step}")
+        self._wb_segment = self._wb_store.begin_segment(payload["plan_json"], reason="hot apply", resumed_from_step=step)
+        text = ", ".join(f"{k} {before[k]} → {v}" for k, v in changes.items())
+        self._wb_store.add_event(
+            "applied",
+            f"hot: {text} from step {step + 1}",
+            {"mode": "hot", "from_step": step + 1, "changes": changes, "before": before, "segment": self._wb_segment},
+        )
+
+
+RUNNER_DIRECTIVES = ("runner.pause", "runner.resume", "runner.hot_apply", "runner.checkpoint_exit", "runner.stop")
+
+
+def _role_of_actor_class(class_name: str) -> str:
+    name = class_name.lower()
+    if "server" in name or "vllm" in name or "sglang" in name:
+        return "rollout"
+    if "reward" in name:
+        return "reward"
+    if "agentloop" in name:
+        return "agent_loop"
+    return name or "other"
+
+
+_TRAINERS: dict[type, type] = {}
+
+
+def workbench_trainer(base: type) -> type:
+    """verl's trainer class for the mode, with the workbench's step-boundary hooks in front."""
+    if base not in _TRAINERS:
+        _TRAINERS[base] = type(f"Workbench{base.__name__}", (WorkbenchTrainerMixin, base), {})
+    return _TRAINERS[base]

@@ -1,0 +1,273 @@
+"""The session store: one SQLite file (WAL) per session, the one contract between producers and views.
+
+Producers (the runner inside verl, the NVML sampler, the supervisor, replay) append rows; views read them
+incrementally by row id and get pandas DataFrames. Commands flow back through the `commands` table.
+
+WAL mode lets one writer and many readers work at once without blocking each other; every writer batches
+(one transaction per call), so a 10 Hz sampler over 8 GPUs is one small transaction every flush.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+STORE_FILE = "session.sqlite"
+
+# Column order of the samples table; NaN where a GPU can't say (see telemetry/).
+SAMPLE_COLUMNS = (
+    "t", "node", "gpu", "util", "mem_used", "mem_total", "power_w", "sm_clock",
+    "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+    "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx",
+)
+PROC_COLUMNS = ("t", "node", "gpu", "pid", "role", "mem_used")
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS segments(
+    id INTEGER PRIMARY KEY, started_at REAL, ended_at REAL, plan_json TEXT,
+    status TEXT, reason TEXT, resumed_from_step INTEGER);
+CREATE TABLE IF NOT EXISTS steps(
+    id INTEGER PRIMARY KEY, segment_id INTEGER, step INTEGER, t REAL, metrics_json TEXT);
+CREATE TABLE IF NOT EXISTS samples(
+    id INTEGER PRIMARY KEY, t REAL, node TEXT, gpu INTEGER, util REAL, mem_used REAL, mem_total REAL,
+    power_w REAL, sm_clock REAL, sm_active REAL, sm_occupancy REAL, tensor_active REAL, dram_active REAL,
+    pcie_tx REAL, pcie_rx REAL, nvlink_tx REAL, nvlink_rx REAL);
+CREATE TABLE IF NOT EXISTS procs(
+    id INTEGER PRIMARY KEY, t REAL, node TEXT, gpu INTEGER, pid INTEGER, role TEXT, mem_used REAL);
+CREATE TABLE IF NOT EXISTS workers(
+    id INTEGER PRIMARY KEY, t REAL, node TEXT, pid INTEGER, role TEXT, segment_id INTEGER);
+CREATE TABLE IF NOT EXISTS events(
+    id INTEGER PRIMARY KEY, t REAL, kind TEXT, text TEXT, data_json TEXT);
+CREATE TABLE IF NOT EXISTS commands(
+    id INTEGER PRIMARY KEY, t REAL, kind TEXT, payload_json TEXT, state TEXT, result TEXT, done_at REAL);
+CREATE INDEX IF NOT EXISTS samples_t ON samples(t);
+CREATE INDEX IF NOT EXISTS steps_seg ON steps(segment_id, step);
+CREATE INDEX IF NOT EXISTS commands_state ON commands(state);
+"""
+
+TABLES = ("meta", "segments", "steps", "samples", "procs", "workers", "events", "commands")
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=_json_default, allow_nan=True)
+
+
+def _json_default(o: Any):
+    if hasattr(o, "item"):  # numpy / torch scalars
+        return o.item()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def _nan_to_none(v: Any) -> Any:
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+class Store:
+    """One session's SQLite store. Safe to share between threads of one process; open one per process."""
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False, create: bool = True):
+        path = Path(path)
+        if path.is_dir() or path.suffix != ".sqlite":
+            path = path / STORE_FILE
+        if not path.exists() and (readonly or not create):
+            raise StoreError(f"no session store at {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA busy_timeout=30000")
+        if not readonly:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+
+    # ------------------------------------------------------------------ plumbing
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        if self.readonly:
+            raise StoreError("this store was opened read-only")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    # ------------------------------------------------------------------ meta
+    def set_meta(self, **values: Any) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                [(k, _dumps(v)) for k, v in values.items()],
+            )
+
+    def meta(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self._query("SELECT key, value FROM meta")}
+
+    # ------------------------------------------------------------------ segments
+    def begin_segment(self, plan_json: str, reason: str = "", resumed_from_step: int | None = None) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO segments(started_at, plan_json, status, reason, resumed_from_step) VALUES(?,?,?,?,?)",
+                (time.time(), plan_json, "running", reason, resumed_from_step),
+            )
+            return int(cur.lastrowid)
+
+    def end_segment(self, segment_id: int, status: str, reason: str | None = None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE segments SET ended_at=?, status=?, reason=COALESCE(?, reason) WHERE id=?",
+                (time.time(), status, reason, segment_id),
+            )
+
+    def segment(self, segment_id: int) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM segments WHERE id=?", (segment_id,))
+        return self._as_dicts("segments", rows)[0] if rows else None
+
+    def last_segment(self) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM segments ORDER BY id DESC LIMIT 1")
+        return self._as_dicts("segments", rows)[0] if rows else None
+
+    # ------------------------------------------------------------------ producers
+    def add_step(self, segment_id: int, step: int, metrics: dict[str, Any], t: float | None = None) -> int:
+        clean = {k: _nan_to_none(v) for k, v in metrics.items()}
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO steps(segment_id, step, t, metrics_json) VALUES(?,?,?,?)",
+                (segment_id, int(step), t or time.time(), _dumps(clean)),
+            )
+            return int(cur.lastrowid)
+
+    def add_samples(self, rows: Iterable[dict[str, Any] | tuple]) -> None:
+        self._insert_many("samples", SAMPLE_COLUMNS, rows)
+
+    def add_procs(self, rows: Iterable[dict[str, Any] | tuple]) -> None:
+        self._insert_many("procs", PROC_COLUMNS, rows)
+
+    def add_worker(self, pid: int, role: str, node: str, segment_id: int | None = None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO workers(t, node, pid, role, segment_id) VALUES(?,?,?,?,?)",
+                (time.time(), node, int(pid), role, segment_id),
+            )
+
+    def add_event(self, kind: str, text: str, data: dict[str, Any] | None = None, t: float | None = None) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO events(t, kind, text, data_json) VALUES(?,?,?,?)",
+                (t or time.time(), kind, text, _dumps(data or {})),
+            )
+            return int(cur.lastrowid)
+
+    def _insert_many(self, table: str, columns: tuple[str, ...], rows: Iterable[dict[str, Any] | tuple]) -> None:
+        values = [
+            tuple(_nan_to_none(r.get(c)) for c in columns) if isinstance(r, dict) else tuple(map(_nan_to_none, r))
+            for r in rows
+        ]
+        if not values:
+            return
+        marks = ",".join("?" * len(columns))
+        with self._tx() as db:
+            db.executemany(f"INSERT INTO {table}({','.join(columns)}) VALUES({marks})", values)
+
+    # ------------------------------------------------------------------ commands (views -> supervisor -> runner)
+    def put_command(self, kind: str, payload: dict[str, Any] | None = None) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO commands(t, kind, payload_json, state) VALUES(?,?,?,'queued')",
+                (time.time(), kind, _dumps(payload or {})),
+            )
+            return int(cur.lastrowid)
+
+    def take_commands(self, kinds: Iterable[str] | None = None, taker: str = "taken") -> list[dict[str, Any]]:
+        """Atomically claim queued commands (oldest first), optionally only of some kinds."""
+        kinds = tuple(kinds) if kinds is not None else None
+        with self._tx() as db:
+            sql = "SELECT id, t, kind, payload_json FROM commands WHERE state='queued'"
+            args: tuple = ()
+            if kinds is not None:
+                sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+                args = kinds
+            rows = db.execute(sql + " ORDER BY id", args).fetchall()
+            db.executemany("UPDATE commands SET state=? WHERE id=?", [(taker, r[0]) for r in rows])
+        return [dict(id=r[0], t=r[1], kind=r[2], payload=json.loads(r[3])) for r in rows]
+
+    def finish_command(self, command_id: int, state: str, result: Any = None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE commands SET state=?, result=?, done_at=? WHERE id=?",
+                (state, _dumps(result), time.time(), command_id),
+            )
+
+    def command(self, command_id: int) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM commands WHERE id=?", (command_id,))
+        return self._as_dicts("commands", rows)[0] if rows else None
+
+    # ------------------------------------------------------------------ readers
+    def rows(self, table: str, since_id: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        if table not in TABLES or table == "meta":
+            raise StoreError(f"unknown table {table!r}")
+        sql = f"SELECT * FROM {table} WHERE id > ? ORDER BY id"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return self._as_dicts(table, self._query(sql, (since_id,)))
+
+    def frame(self, table: str, since_id: int = 0) -> pd.DataFrame:
+        """All rows of a table after `since_id` as a DataFrame; JSON columns are expanded."""
+        if table not in TABLES or table == "meta":
+            raise StoreError(f"unknown table {table!r}")
+        with self._lock:
+            df = pd.read_sql_query(f"SELECT * FROM {table} WHERE id > ? ORDER BY id", self._db, params=(since_id,))
+        return _expand_json(table, df)
+
+    def max_id(self, table: str) -> int:
+        return int(self._query(f"SELECT COALESCE(MAX(id), 0) FROM {table}")[0][0])
+
+    def _as_dicts(self, table: str, rows: list[tuple]) -> list[dict[str, Any]]:
+        cols = [r[1] for r in self._query(f"PRAGMA table_info({table})")]
+        out = []
+        for r in rows:
+            d = dict(zip(cols, r))
+            for k in ("metrics_json", "data_json", "payload_json"):
+                if k in d and d[k] is not None:
+                    d[k[: -len("_json")]] = json.loads(d.pop(k))
+            out.append(d)
+        return out
+
+
+def _expand_json(table: str, df: pd.DataFrame) -> pd.DataFrame:
+    if table == "steps":
+        metrics = pd.DataFrame([json.loads(s) for s in df.pop("metrics_json")], index=df.index)
+        df = pd.concat([df, metrics.astype("float64", errors="ignore")], axis=1)
+    elif table == "events":
+        df["data"] = [json.loads(s) for s in df.pop("data_json")]
+    elif table == "commands":
+        df["payload"] = [json.loads(s) for s in df.pop("payload_json")]
+    return df
