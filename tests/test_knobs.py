@@ -1,0 +1,113 @@
+"""The knob table against verl 0.9.1: every key exists, defaults come from verl, values parse and check."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.knobs import APPLY_CLASSES, KNOBS, WORKBENCH_KNOBS, Knob
+from workbench.runner import verl_config
+
+ENV_NODE_PARENT = "ray_kwargs.ray_init.runtime_env"
+
+
+@pytest.mark.parametrize("name", list(KNOBS))
+def test_every_knob_key_exists_in_verl(name):
+    knob = KNOBS[name]
+    for key in knob.keys + knob.derived_keys:
+        if knob.kind == "env":
+            # env_vars is Ray's runtime_env field, not verl's: verl's YAML holds the runtime_env node it merges.
+            assert verl_config.in_config(verl_config.default_config(), ENV_NODE_PARENT), key
+        else:
+            assert verl_config.key_exists(key), f"{name}: verl 0.9.1 has no key {key}"
+
+
+def test_critic_budget_key_exists_only_as_a_dataclass_field():
+    key = "critic.ppo_infer_max_token_len_per_gpu"
+    default = verl_config.default_config()
+    assert not verl_config.in_config(default, key)
+    assert key in verl_config.existing_keys()
+    assert verl_config.read_key(default, key) == 32768
+    assert KNOBS["critic_token_budget"].keys[0] == key
+
+
+@pytest.mark.parametrize("name", list(KNOBS))
+def test_defaults_come_from_verl_and_pass_their_own_checks(name):
+    knob = KNOBS[name]
+    default = knob.verl_default()
+    if not knob.workbench_only:
+        assert default == knob.read(verl_config.default_config())
+    assert knob.problems(default) == [], (name, default)
+
+
+def test_table_is_well_formed():
+    assert WORKBENCH_KNOBS == ("gpus", "critic_gpus", "reward_gpus", "rollout_gpus")
+    for name, knob in KNOBS.items():
+        assert knob.name == name
+        assert knob.apply in APPLY_CLASSES
+        assert knob.help and "\n" not in knob.help
+        assert knob.workbench_only == (knob.workbench_default is not None)
+    hot = {name for name, knob in KNOBS.items() if knob.apply == "hot"}
+    assert hot == {"actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget"}
+    assert KNOBS["critic_token_budget"].keys == ("critic.ppo_infer_max_token_len_per_gpu",
+                                                 "critic.ppo_max_token_len_per_gpu")
+
+
+def test_a_knob_with_an_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind"):
+        Knob("x", (), "complex", "hot", "g", "help")
+
+
+@pytest.mark.parametrize("name, text, value", [
+    ("gpus", "0,1", [0, 1]),
+    ("gpus", "[2, 3]", [2, 3]),
+    ("use_dynamic_bsz", "True", True),
+    ("hybrid_switch", "off", False),
+    ("actor_micro_batch", "none", None),
+    ("actor_micro_batch", "4", 4),
+    ("rollout_gpu_memory", "0.4", 0.4),
+    ("trainer_mode", "colocate_async", "colocate_async"),
+    ("critic_lora_targets", "all-linear", "all-linear"),
+    ("critic_lora_targets", "q_proj, v_proj", ["q_proj", "v_proj"]),
+    ("critic_lora_targets", '["q_proj"]', ["q_proj"]),
+    ("nccl_env", "NCCL_DEBUG=INFO; NCCL_SOCKET_IFNAME=eth0,eth1",
+     {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0,eth1"}),
+    ("nccl_env", '{"NCCL_P2P_DISABLE": 1}', {"NCCL_P2P_DISABLE": "1"}),
+    ("nccl_env", "", {}),
+])
+def test_parse(name, text, value):
+    assert KNOBS[name].parse(text) == value
+
+
+@pytest.mark.parametrize("name, text", [
+    ("train_batch_size", "abc"),
+    ("use_dynamic_bsz", "maybe"),
+    ("nccl_env", "NCCL_DEBUG"),
+    ("gpus", "0,x"),
+])
+def test_parse_rejects_naming_the_knob(name, text):
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        KNOBS[name].parse(text)
+
+
+@pytest.mark.parametrize("name, value, fragment", [
+    ("rollout_gpu_memory", 0.0, "below its range (0.0, 0.95]"),
+    ("rollout_gpu_memory", 0.96, "above its range"),
+    ("train_batch_size", True, "is not an integer"),
+    ("rollout_gpu_memory", float("nan"), "is not a number"),
+    ("train_batch_size", None, "is not an integer"),
+    ("gpus", [1, 1], "GPU 1 is listed twice"),
+    ("gpus", [-1], "GPU index -1 is negative"),
+    ("nccl_env", {"LD_PRELOAD": "x"}, "is not an NCCL variable"),
+    ("critic_lora_targets", ["q_proj", ""], "non-empty string"),
+])
+def test_problems_name_the_knob(name, value, fragment):
+    problems = KNOBS[name].problems(KNOBS[name].normalize(value))
+    assert problems and all(problem.startswith(f"{name}: ") for problem in problems)
+    assert any(fragment in problem for problem in problems), problems
+
+
+def test_values_at_the_edges_are_accepted():
+    assert KNOBS["rollout_gpu_memory"].problems(0.95) == []
+    assert KNOBS["critic_lora_rank"].problems(0) == []
+    assert KNOBS["actor_micro_batch"].problems(None) == []
+    assert KNOBS["rollout_gpu_memory"].normalize(1) == 1.0

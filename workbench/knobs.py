@@ -1,0 +1,302 @@
+"""THE knob table: every setting the workbench lets an operator turn, declared once.
+
+Widgets, validation, export and advice all derive from `KNOBS`. A knob either sets one or more verl config keys
+(all to the same value; its default is read from verl's own composed config, never retyped here) or is a
+workbench-level knob (`keys` empty: GPU placement), whose verl keys `plan.py` derives by a rule and lists in
+`derived_keys`.
+
+Apply classes: "hot" knobs are applied by the runner between steps without a restart (token budgets are read per
+call in verl 0.9.1); "restart" knobs need a checkpoint, a relaunch and a resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from workbench.runner import verl_config
+
+KINDS = ("int", "float", "bool", "choice", "str", "gpus", "env")
+APPLY_CLASSES = ("hot", "restart")
+
+# Only NCCL's own variables: the nccl_env knob is for tuning communication, not a back door for any variable.
+NCCL_VARIABLE = re.compile(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$")
+
+_TRUE_WORDS = {"true", "1", "yes", "on"}
+_FALSE_WORDS = {"false", "0", "no", "off"}
+_NULL_WORDS = {"", "none", "null"}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One operator-facing setting.
+
+    kind: "int", "float", "bool", "choice" (one of `choices`), "str" (a string or a list of strings),
+    "gpus" (list of physical GPU indices) or "env" (dict of NCCL environment variables).
+    bounds: inclusive (minimum, maximum) for int/float knobs, None for no limit; `lower_bound_open` excludes
+    the minimum itself. nullable: None is a legal value (verl's "unset").
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    kind: str
+    apply: str
+    group: str
+    help: str
+    bounds: tuple[float | None, float | None] = (None, None)
+    lower_bound_open: bool = False
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+    workbench_default: Any = None
+    derived_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"knob {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.apply not in APPLY_CLASSES:
+            raise ValueError(f"knob {self.name}: apply {self.apply!r} is not one of {APPLY_CLASSES}")
+        if (self.kind == "choice") != bool(self.choices):
+            raise ValueError(f"knob {self.name}: choices go with kind 'choice' and only with it")
+
+    @property
+    def workbench_only(self) -> bool:
+        """True for knobs with no verl key of their own (placement)."""
+        return not self.keys
+
+    def read(self, config: DictConfig) -> Any:
+        """This knob's value in a composed verl config (its first key; for env, the NCCL variables set there)."""
+        if self.workbench_only:
+            raise ValueError(f"{self.name} is a workbench knob: its value is not stored in verl's config")
+        if self.kind == "env":
+            variables = verl_config.plain(OmegaConf.select(config, self.keys[0], default=None))
+            return {
+                name: str(value) for name, value in (variables or {}).items() if NCCL_VARIABLE.match(str(name))
+            }
+        return verl_config.read_key(config, self.keys[0])
+
+    def verl_default(self, config: DictConfig | None = None) -> Any:
+        """The default: read from verl's composed config (its own default config when None) for verl knobs,
+        the workbench's own default for workbench knobs."""
+        if self.workbench_only:
+            return copy.deepcopy(self.workbench_default)
+        return self.read(verl_config.default_config() if config is None else config)
+
+    def normalize(self, value: Any) -> Any:
+        """`value` in the knob's canonical Python form (lists not tuples, floats for float knobs, env as str)."""
+        if isinstance(value, tuple):
+            value = list(value)
+        if self.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if self.kind == "env" and isinstance(value, dict):
+            return {
+                name: str(item) if isinstance(item, (int, float)) and not isinstance(item, bool) else item
+                for name, item in value.items()
+            }
+        return value
+
+    def has_valid_type(self, value: Any) -> bool:
+        """Whether `value` has this knob's type (ranges aside); cross-knob checks need this first."""
+        if value is None:
+            return self.nullable
+        if self.kind == "int":
+            return isinstance(value, int) and not isinstance(value, bool)
+        if self.kind == "float":
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "choice":
+            return isinstance(value, str)
+        if self.kind == "str":
+            if isinstance(value, list):
+                return bool(value) and all(isinstance(item, str) and item for item in value)
+            return isinstance(value, str) and bool(value)
+        if self.kind == "gpus":
+            return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        return isinstance(value, dict) and all(isinstance(item, str) for item in value.values())
+
+    def problems(self, value: Any) -> list[str]:
+        """Every problem with `value` on its own (type, range, choices), each message naming the knob."""
+        if not self.has_valid_type(value):
+            return [f"{self.name}: {value!r} is not {self._type_words()}"]
+        if value is None:
+            return []
+        found: list[str] = []
+        if self.kind in ("int", "float"):
+            low, high = self.bounds
+            if low is not None and (value <= low if self.lower_bound_open else value < low):
+                found.append(f"{self.name}: {value!r} is below its range {self._range_words()}")
+            if high is not None and value > high:
+                found.append(f"{self.name}: {value!r} is above its range {self._range_words()}")
+        elif self.kind == "choice" and value not in self.choices:
+            found.append(f"{self.name}: {value!r} is not one of {', '.join(self.choices)}")
+        elif self.kind == "gpus":
+            if not value:
+                found.append(f"{self.name}: needs at least one GPU index")
+            found += [f"{self.name}: GPU index {index} is negative" for index in value if index < 0]
+            found += [f"{self.name}: GPU {index} is listed twice" for index in sorted(set(value))
+                      if value.count(index) > 1]
+        elif self.kind == "env":
+            found += [f"{self.name}: {name!r} is not an NCCL variable (NCCL_* or TORCH_NCCL_*)"
+                      for name in value if not NCCL_VARIABLE.match(str(name))]
+        return found
+
+    def parse(self, text: str) -> Any:
+        """The value a command-line or text-box string stands for; ValueError naming the knob if none."""
+        text = text.strip()
+        if self.nullable and text.lower() in _NULL_WORDS:
+            return None
+        try:
+            return self._parse(text)
+        except (ValueError, json.JSONDecodeError) as error:
+            raise ValueError(f"{self.name}: cannot read {text!r} as {self._type_words()} ({error})") from error
+
+    def _parse(self, text: str) -> Any:
+        if self.kind == "int":
+            return int(text)
+        if self.kind == "float":
+            return float(text)
+        if self.kind == "bool":
+            word = text.lower()
+            if word not in _TRUE_WORDS | _FALSE_WORDS:
+                raise ValueError("expected true or false")
+            return word in _TRUE_WORDS
+        if self.kind == "choice":
+            return text
+        if self.kind == "str":
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",")] if "," in text else text
+        if self.kind == "gpus":
+            inner = text.strip("[]").strip()
+            return [int(part) for part in inner.split(",")] if inner else []
+        # env: a JSON object, or NAME=VALUE pairs separated by ';' or new lines (values may hold commas)
+        if text.startswith("{"):
+            return self.normalize(json.loads(text))
+        pairs = [pair.strip() for pair in re.split(r"[;\n]", text) if pair.strip()]
+        if any("=" not in pair for pair in pairs):
+            raise ValueError("expected NAME=VALUE pairs")
+        return dict(pair.split("=", 1) for pair in pairs)
+
+    def _range_words(self) -> str:
+        low, high = self.bounds
+        opening = "(" if self.lower_bound_open else "["
+        return f"{opening}{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+
+    def _type_words(self) -> str:
+        words = {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "choice": "one of " + ", ".join(self.choices),
+            "str": "a non-empty string or list of strings",
+            "gpus": "a list of GPU indices",
+            "env": "a dict of NCCL variable names to string values",
+        }[self.kind]
+        return words + (" or None" if self.nullable else "")
+
+
+_ROLLOUT = "actor_rollout_ref.rollout"
+_PLACEMENT_KEYS = ("trainer.n_gpus_per_node",)
+
+KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
+    # --- placement: which GPUs, and which of them each pool gets --------------------------------------------------
+    Knob("gpus", (), "gpus", "restart", "placement",
+         "Physical GPU indices for this session (CUDA_VISIBLE_DEVICES); actor+rollout+ref get what the pools leave.",
+         workbench_default=[0], derived_keys=_PLACEMENT_KEYS),
+    Knob("critic_gpus", (), "int", "restart", "placement",
+         "GPUs of `gpus` for the critic alone (0 = shares the actor's GPUs); launched by workbench.runner.launch.",
+         bounds=(0, None), workbench_default=0, derived_keys=_PLACEMENT_KEYS),
+    Knob("reward_gpus", (), "int", "restart", "placement",
+         "GPUs of `gpus` for the reward model's own pool (0 = colocated); needs reward.reward_model.enable.",
+         bounds=(0, None), workbench_default=0,
+         derived_keys=_PLACEMENT_KEYS + ("reward.reward_model.enable_resource_pool",
+                                         "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes")),
+    Knob("rollout_gpus", (), "int", "restart", "placement",
+         "GPUs of `gpus` for standalone rollout servers; trainer_mode=separate_async needs at least one.",
+         bounds=(0, None), workbench_default=0,
+         derived_keys=_PLACEMENT_KEYS + (f"{_ROLLOUT}.nnodes", f"{_ROLLOUT}.n_gpus_per_node")),
+    # --- token budgets --------------------------------------------------------------------------------------------
+    Knob("use_dynamic_bsz", ("actor_rollout_ref.actor.use_dynamic_bsz", f"{_ROLLOUT}.log_prob_use_dynamic_bsz",
+                             "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"),
+         "bool", "restart", "token budgets",
+         "Pack micro batches by token budget instead of a fixed number of sequences."),
+    Knob("actor_token_budget", ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",), "int", "hot",
+         "token budgets", "Tokens per GPU per actor-update micro batch (with use_dynamic_bsz).", bounds=(1, None)),
+    Knob("logprob_token_budget", (f"{_ROLLOUT}.log_prob_max_token_len_per_gpu",), "int", "hot", "token budgets",
+         "Tokens per GPU per old-log-prob micro batch (with use_dynamic_bsz).", bounds=(1, None)),
+    Knob("ref_token_budget", ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",), "int", "hot",
+         "token budgets", "Tokens per GPU per reference log-prob micro batch (with use_dynamic_bsz).",
+         bounds=(1, None)),
+    # verl 0.9.1's V1 trainer feeds the critic engine's train AND infer budgets from ppo_infer_max_token_len_per_gpu
+    # (trainer_base.py), a key only CriticConfig declares; ppo_max_token_len_per_gpu is set too so both agree.
+    Knob("critic_token_budget", ("critic.ppo_infer_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
+         "int", "hot", "token budgets", "Tokens per GPU per critic micro batch (with use_dynamic_bsz).",
+         bounds=(1, None)),
+    # --- LoRA critic ----------------------------------------------------------------------------------------------
+    Knob("critic_lora_rank", ("critic.model.lora_rank",), "int", "restart", "LoRA critic",
+         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.runner.launch.", bounds=(0, None)),
+    Knob("critic_lora_alpha", ("critic.model.lora_alpha",), "int", "restart", "LoRA critic",
+         "LoRA scaling factor alpha of the critic.", bounds=(1, None)),
+    Knob("critic_lora_targets", ("critic.model.target_modules",), "str", "restart", "LoRA critic",
+         "Critic modules that get LoRA adapters: all-linear or a list of module names."),
+    # --- async ----------------------------------------------------------------------------------------------------
+    Knob("trainer_mode", ("trainer.v1.trainer_mode",), "choice", "restart", "async",
+         "V1 trainer: sync, colocate_async (overlap on shared GPUs) or separate_async (own rollout GPUs).",
+         choices=("sync", "colocate_async", "separate_async")),
+    Knob("hybrid_switch", ("trainer.v1.separate_async.hybrid_rollout.enable_switch",), "bool", "restart", "async",
+         "separate_async: lend idle trainer GPUs to rollout."),
+    # --- rollout --------------------------------------------------------------------------------------------------
+    Knob("rollout_gpu_memory", (f"{_ROLLOUT}.gpu_memory_utilization",), "float", "restart", "rollout",
+         "Share of each GPU's memory the rollout engine may take.", bounds=(0.0, 0.95), lower_bound_open=True),
+    Knob("rollout_tp", (f"{_ROLLOUT}.tensor_model_parallel_size",), "int", "restart", "rollout",
+         "Tensor-parallel GPUs per rollout replica.", bounds=(1, None)),
+    Knob("rollout_max_batched_tokens", (f"{_ROLLOUT}.max_num_batched_tokens",), "int", "restart", "rollout",
+         "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, None)),
+    # --- memory ---------------------------------------------------------------------------------------------------
+    Knob("actor_param_offload", ("actor_rollout_ref.actor.fsdp_config.param_offload",), "bool", "restart",
+         "memory", "Keep actor parameters on the CPU between uses."),
+    Knob("actor_optimizer_offload", ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",), "bool", "restart",
+         "memory", "Keep actor optimizer state on the CPU between updates."),
+    Knob("ref_param_offload", ("actor_rollout_ref.ref.fsdp_config.param_offload",), "bool", "restart", "memory",
+         "Keep reference-policy parameters on the CPU between uses."),
+    # The critic's FSDP engine config is critic.fsdp (FSDPCriticConfig.fsdp), not critic.model.fsdp_config.
+    Knob("critic_param_offload", ("critic.fsdp.param_offload",), "bool", "restart", "memory",
+         "Keep critic parameters on the CPU between uses."),
+    Knob("critic_optimizer_offload", ("critic.fsdp.optimizer_offload",), "bool", "restart", "memory",
+         "Keep critic optimizer state on the CPU between updates."),
+    Knob("gradient_checkpointing", ("actor_rollout_ref.model.enable_gradient_checkpointing",
+                                    "critic.model.enable_gradient_checkpointing"), "bool", "restart", "memory",
+         "Recompute activations in the backward pass (actor and critic): less memory, more compute."),
+    # --- batch ----------------------------------------------------------------------------------------------------
+    Knob("train_batch_size", ("data.train_batch_size",), "int", "restart", "batch",
+         "Prompts per training step.", bounds=(1, None)),
+    Knob("ppo_mini_batch_size", ("actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"),
+         "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, None)),
+    Knob("actor_micro_batch", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "int", "restart",
+         "batch", "Sequences per GPU per actor-update micro batch (without use_dynamic_bsz).",
+         bounds=(1, None), nullable=True),
+    Knob("logprob_micro_batch", (f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu",), "int", "restart", "batch",
+         "Sequences per GPU per old-log-prob micro batch (without use_dynamic_bsz).",
+         bounds=(1, None), nullable=True),
+    Knob("ref_micro_batch", ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",), "int", "restart",
+         "batch", "Sequences per GPU per reference log-prob micro batch (without use_dynamic_bsz).",
+         bounds=(1, None), nullable=True),
+    Knob("critic_micro_batch", ("critic.ppo_micro_batch_size_per_gpu",), "int", "restart", "batch",
+         "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, None), nullable=True),
+    Knob("max_prompt_length", ("data.max_prompt_length",), "int", "restart", "batch",
+         "Longest prompt in tokens.", bounds=(1, None)),
+    Knob("max_response_length", ("data.max_response_length",), "int", "restart", "batch",
+         "Longest generated response in tokens.", bounds=(1, None)),
+    # --- environment ----------------------------------------------------------------------------------------------
+    Knob("nccl_env", ("ray_kwargs.ray_init.runtime_env.env_vars",), "env", "restart", "environment",
+         "NCCL_*/TORCH_NCCL_* variables for every Ray worker (e.g. NCCL_P2P_DISABLE=1)."),
+)}
+
+WORKBENCH_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.workbench_only)
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(knob.group for knob in KNOBS.values()))
