@@ -1,0 +1,405 @@
+"""The advisor's rules on real H200 recordings (tests/data/advisor/README.md) and, where no recording shows a case,
+on synthetic frames built here (each such case says so)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.plan_fixtures import runnable_overrides, tiny_model  # noqa: F401 (fixture)
+from workbench.advisor import FINDING_COLUMNS, RULES, THRESHOLDS, Finding, advise, apply_finding, findings_frame
+from workbench.knobs import KNOBS
+from workbench.plan import Plan
+from workbench.session import Session
+from workbench.store import SAMPLE_COLUMNS, Store
+from workbench.telemetry.nvml import read_recording
+
+DATA = Path(__file__).parent / "data"
+H200_MEM_TOTAL_MIB = 143_771.0  # the recordings hold no memory total; this is what NVML reports for an H200
+NODE = "h200"
+
+
+# ------------------------------------------------------------------------------------------------ real recordings
+def load_recording(metrics: Path, timeline: Path, nvml: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A recorded run as the store's steps and samples frames (segment 1, GPU 0).
+
+    metrics.jsonl has no timestamps: a step's t is when the timeline saw its line land (the first sighting)."""
+    landed: dict[int, float] = {}
+    for words in (line.split() for line in timeline.read_text().splitlines()):
+        if words[0] == "T_metrics_line":
+            landed.setdefault(int(words[1]), float(words[2]))
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = pd.DataFrame([{"segment_id": 1, "step": r["step"], "t": landed[r["step"]], **r["data"]} for r in records])
+    samples = read_recording(nvml).assign(node=NODE, gpu=0, mem_total=H200_MEM_TOTAL_MIB)
+    return steps, samples[list(SAMPLE_COLUMNS)]
+
+
+@functools.cache
+def recording(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if name == "run":
+        return load_recording(DATA / "advisor" / "h200_run_metrics.jsonl", DATA / "advisor" / "h200_run_timeline.txt",
+                              DATA / "h200_run_nvml.csv")
+    folder = DATA / "h200_2026-11-30"
+    return load_recording(folder / f"{name}_metrics.jsonl", folder / f"{name}_timeline.txt",
+                          folder / f"{name}_nvml.csv")
+
+
+# The recorded runs' settings (shared/gpu/reference/ppo_cmd.sh and compare.sh) as knob values.
+RUN_PLAN = {"train_batch_size": 64, "ppo_mini_batch_size": 32, "max_prompt_length": 256, "max_response_length": 256,
+            "actor_micro_batch": 16, "logprob_micro_batch": 16, "ref_micro_batch": 16, "critic_micro_batch": 16,
+            "rollout_gpu_memory": 0.4}
+A_PLAN = {**RUN_PLAN, "train_batch_size": 256, "ppo_mini_batch_size": 64, "max_prompt_length": 512,
+          "max_response_length": 512, "actor_micro_batch": 4, "logprob_micro_batch": 8, "ref_micro_batch": 4,
+          "critic_micro_batch": 4}
+B_PLAN = {**A_PLAN, "use_dynamic_bsz": True, "actor_token_budget": 24576, "critic_token_budget": 49152,
+          "gradient_checkpointing": False, "rollout_gpu_memory": 0.6, "rollout_max_batched_tokens": 16384,
+          "actor_micro_batch": 16, "logprob_micro_batch": 32, "ref_micro_batch": 32, "critic_micro_batch": 16}
+
+
+# ------------------------------------------------------------------------------------------------ synthetic frames
+# SYNTHETIC: a step's phases summing to a 10 s step in which no phase stands out (gen 30 %, update_actor 40 %,
+# critic at 0.2 of the actor, weight sync 1 %), so each case below changes only what it is about.
+CALM_PHASES = {"gen": 3.0, "old_log_prob": 1.5, "values": 0.3, "adv": 0.1, "update_critic": 0.5,
+               "update_actor": 4.0, "update_weights": 0.1}
+STEP_S = 10.0
+T0 = 1_000_000.0
+SYNTHETIC_PLAN = {"train_batch_size": 64, "ppo_mini_batch_size": 32, "max_prompt_length": 512,
+                  "max_response_length": 512, "use_dynamic_bsz": True, "actor_token_budget": 8192,
+                  "logprob_token_budget": 16384, "ref_token_budget": 16384, "critic_token_budget": 16384}
+# The plans the cases run under (few: composing each costs ~0.3 s).
+PLANS = {
+    "run": RUN_PLAN, "A": A_PLAN, "B": B_PLAN, "synthetic": SYNTHETIC_PLAN,
+    "synthetic_offload": {**SYNTHETIC_PLAN, "actor_param_offload": True, "actor_optimizer_offload": True},
+    "synthetic_critic_gpu": {**SYNTHETIC_PLAN, "gpus": [0, 1], "critic_gpus": 1},
+}
+
+
+def synthetic_steps(phases: dict | None = None, n_steps: int = 4, segment_id: int = 1, **metrics) -> pd.DataFrame:
+    """SYNTHETIC steps: back-to-back 10 s steps ending at T0 + 10 s × k with the given phase seconds."""
+    phases = {**CALM_PHASES, **(phases or {})}
+    return pd.DataFrame([
+        {"segment_id": segment_id, "step": k, "t": T0 + STEP_S * k, "timing_s/step": STEP_S,
+         **{f"timing_s/{phase}": seconds for phase, seconds in phases.items()}, **metrics}
+        for k in range(1, n_steps + 1)
+    ])
+
+
+def synthetic_samples(gpus: dict[int, dict], n_steps: int = 4, hz: float = 5.0) -> pd.DataFrame:
+    """SYNTHETIC samples at `hz` over the steps, per GPU the given columns (util 60 %, memory 60 % by default)."""
+    times = np.arange(T0, T0 + STEP_S * n_steps, 1 / hz)
+    frames = []
+    for gpu, values in gpus.items():
+        columns = {"util": 60.0, "mem_used": 0.6 * H200_MEM_TOTAL_MIB, "mem_total": H200_MEM_TOTAL_MIB, **values}
+        frame = pd.DataFrame({column: np.nan for column in SAMPLE_COLUMNS}, index=range(len(times)))
+        frames.append(frame.assign(t=times, node=NODE, gpu=gpu, **columns))
+    return pd.concat(frames, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------------ cases
+# Every case: steps, samples, the name of its plan in PLANS, procs. Real recordings first, then synthetic frames.
+def _case(steps, samples, plan, procs=None):
+    return {"steps": steps, "samples": samples, "plan": plan, "procs": procs}
+
+
+CASES = {
+    "A": lambda: _case(*recording("A"), "A"),
+    "B": lambda: _case(*recording("B"), "B"),
+    "run": lambda: _case(*recording("run"), "run"),
+    # SYNTHETIC: no recording has a critic this heavy (the real ones: 0.12–0.20 of the actor's time).
+    "critic_heavy": lambda: _case(synthetic_steps({"values": 1.0, "update_critic": 2.0}),
+                                  synthetic_samples({0: {}}), "synthetic"),
+    # SYNTHETIC: the same, with GPU 1 sampled idle outside the plan.
+    "critic_heavy_spare_gpu": lambda: _case(synthetic_steps({"values": 1.0, "update_critic": 2.0}),
+                                            synthetic_samples({0: {}, 1: {"util": 0.0, "mem_used": 500.0}}),
+                                            "synthetic"),
+    # SYNTHETIC (the recordings are single-GPU): the critic's own GPU 1 idles at 5 % while GPU 0 works at 80 %.
+    "spread_critic_gpu": lambda: _case(synthetic_steps(), synthetic_samples({0: {"util": 80.0}, 1: {"util": 5.0}}),
+                                       "synthetic_critic_gpu",
+                                       pd.DataFrame({"t": [T0 + 5.0] * 2, "node": NODE, "gpu": [0, 1], "pid": [11, 12],
+                                                     "role": ["actor/rollout/ref", "critic"], "mem_used": 1000.0})),
+    # SYNTHETIC: two data-parallel GPUs within 5 points of each other.
+    "spread_even": lambda: _case(synthetic_steps(), synthetic_samples({0: {"util": 70.0}, 1: {"util": 65.0}}),
+                                 "synthetic_critic_gpu"),
+    # SYNTHETIC: dynamic batching with memory peaking at 30 % (recorded B, the dynamic run, peaked at 71 %).
+    "headroom": lambda: _case(synthetic_steps(), synthetic_samples({0: {"mem_used": 0.3 * H200_MEM_TOTAL_MIB}}),
+                              "synthetic"),
+    # SYNTHETIC: memory peaking at 97 % (the recordings peaked at 49–71 %).
+    "oom_dynamic": lambda: _case(synthetic_steps(), synthetic_samples({0: {"mem_used": 0.97 * H200_MEM_TOTAL_MIB}}),
+                                 "synthetic"),
+    # SYNTHETIC: NVML peak 80 %, but PyTorch reserved 137 GiB for the critic; the quickstart's fixed micro batches.
+    "oom_reserved_micro": lambda: _case(
+        synthetic_steps(**{"critic/perf/max_memory_reserved_gb": 137.0, "actor/perf/max_memory_reserved_gb": 60.0}),
+        synthetic_samples({0: {"mem_used": 0.8 * H200_MEM_TOTAL_MIB}}), "A"),
+    # SYNTHETIC: weight sync at 25 % of the step (recorded: 1–2 %), actor parameters offloaded, memory at 40 %.
+    "weight_sync_offload": lambda: _case(synthetic_steps({"update_weights": 2.5, "gen": 1.0}),
+                                         synthetic_samples({0: {"mem_used": 0.4 * H200_MEM_TOTAL_MIB}}),
+                                         "synthetic_offload"),
+    # SYNTHETIC: the same weight-sync share without offload: no knob left.
+    "weight_sync_plain": lambda: _case(synthetic_steps({"update_weights": 2.5, "gen": 1.0}),
+                                       synthetic_samples({0: {}}), "synthetic"),
+    # SYNTHETIC (the recordings have no PCIe counters): 58 GB/s host→GPU with offload on, memory at 40 %.
+    "pcie_offload": lambda: _case(synthetic_steps(),
+                                  synthetic_samples({0: {"pcie_rx": 58_000.0, "pcie_tx": 3_000.0,
+                                                         "mem_used": 0.4 * H200_MEM_TOTAL_MIB}}),
+                                  "synthetic_offload"),
+    # SYNTHETIC: the same traffic without offload.
+    "pcie_no_offload": lambda: _case(synthetic_steps(), synthetic_samples({0: {"pcie_rx": 58_000.0}}),
+                                     "synthetic"),
+    # SYNTHETIC: offload on, PCIe quiet (5 GB/s).
+    "pcie_offload_quiet": lambda: _case(synthetic_steps(), synthetic_samples({0: {"pcie_rx": 5_000.0}}),
+                                        "synthetic_offload"),
+}
+
+
+class Advised:
+    """Each case's plan (on a one-GPU GAE plan whose model is a tiny local config, so verl's own validation runs
+    offline) and the advisor's findings for it, computed once per test session."""
+
+    def __init__(self, base: Plan):
+        self.base = base
+
+    @functools.cache
+    def plan(self, plan_name: str) -> Plan:
+        return self.base.with_changes(PLANS[plan_name])
+
+    def knobs(self, name: str) -> dict:
+        return self.plan(CASES[name]()["plan"]).knob_values()
+
+    @functools.cache
+    def findings(self, name: str) -> tuple[Finding, ...]:
+        case = CASES[name]()
+        return tuple(advise(case["steps"], case["samples"], self.knobs(name), procs=case["procs"]))
+
+    def rules(self, name: str) -> list[str]:
+        return [f.rule for f in self.findings(name)]
+
+    def finding(self, name: str, rule: str) -> Finding:
+        found = [f for f in self.findings(name) if f.rule == rule]
+        assert found, f"{rule} did not fire on {name}: {self.rules(name)}"
+        return found[0]
+
+
+@pytest.fixture(scope="session")
+def advised(tiny_model) -> Advised:
+    return Advised(Plan.from_verl(runnable_overrides(tiny_model)))
+
+
+RULE_NAMES = ("rollout-bound", "critic-heavy", "actor-update-bound", "gpu-idle", "util-spread", "memory-headroom",
+              "oom-risk", "weight-sync", "pcie-offload")
+FIRES = [("rollout-bound", "run"), ("critic-heavy", "critic_heavy"), ("critic-heavy", "critic_heavy_spare_gpu"),
+         ("actor-update-bound", "A"), ("gpu-idle", "B"), ("gpu-idle", "run"), ("util-spread", "spread_critic_gpu"),
+         ("memory-headroom", "headroom"), ("oom-risk", "oom_dynamic"), ("oom-risk", "oom_reserved_micro"),
+         ("weight-sync", "weight_sync_offload"), ("weight-sync", "weight_sync_plain"), ("pcie-offload", "pcie_offload")]
+SILENT = [("rollout-bound", "A"), ("rollout-bound", "B"), ("critic-heavy", "A"), ("critic-heavy", "B"),
+          ("critic-heavy", "run"), ("actor-update-bound", "B"), ("actor-update-bound", "run"), ("gpu-idle", "A"),
+          ("util-spread", "spread_even"), ("util-spread", "A"), ("memory-headroom", "B"), ("memory-headroom", "A"),
+          ("oom-risk", "B"), ("oom-risk", "headroom"), ("weight-sync", "B"), ("pcie-offload", "pcie_no_offload"),
+          ("pcie-offload", "pcie_offload_quiet")]
+
+
+def test_every_rule_has_a_firing_and_a_silent_case():
+    assert {rule for rule, _ in FIRES} == {rule for rule, _ in SILENT} == set(RULE_NAMES)
+    assert len(RULES) == len(RULE_NAMES)
+
+
+@pytest.mark.parametrize("rule,case", FIRES)
+def test_rule_fires(rule, case, advised):
+    advised.finding(case, rule)
+
+
+@pytest.mark.parametrize("rule,case", SILENT)
+def test_rule_stays_silent(rule, case, advised):
+    assert rule not in advised.rules(case)
+
+
+# ------------------------------------------------------------------------------------------------ what fired, in detail
+def test_reference_run_is_rollout_bound_and_gets_colocate_async(advised):
+    f = advised.finding("run", "rollout-bound")
+    steps, _ = recording("run")
+    later = steps[steps["step"] > 1]
+    assert f.evidence["gen_share"] == pytest.approx(later["timing_s/gen"].sum() / later["timing_s/step"].sum())
+    assert f.evidence["gen_share"] == pytest.approx(0.482, abs=0.001)
+    assert f.change["trainer_mode"] == "colocate_async"
+    # Peak 49 % of memory: vLLM's 0.4 grows by the room to an 80 % peak, in steps of 0.05.
+    assert f.change["rollout_gpu_memory"] == 0.7
+    assert f.change["rollout_max_batched_tokens"] == 64 * 256
+    assert "48%" in f.evidence_text and "8.1 s" in f.expected
+
+
+def test_quickstart_is_actor_update_bound_and_gets_dynamic_batching(advised):
+    f = advised.finding("A", "actor-update-bound")
+    assert f.evidence["update_actor_share"] == pytest.approx(0.607, abs=0.001)
+    assert f.evidence["actor_tokens_per_micro_batch"] == 4 * 1024
+    assert f.evidence["peak_memory_share"] == pytest.approx(75_810 / H200_MEM_TOTAL_MIB)
+    # 4096 tokens × (0.8 / 0.527) = 6213 → 6144; memory below 60 % allows gradient checkpointing off.
+    assert f.change == {"use_dynamic_bsz": True, "actor_token_budget": 6144, "gradient_checkpointing": False}
+    assert "61%" in f.evidence_text
+
+
+def test_tuned_plan_idles_a_fifth_of_the_time(advised):
+    f = advised.finding("B", "gpu-idle")
+    assert f.evidence["idle_share"] == pytest.approx(0.219, abs=0.001)
+    assert f.change == {"trainer_mode": "colocate_async"}
+    assert advised.rules("B") == ["gpu-idle"]
+    assert advised.rules("A") == ["actor-update-bound"]
+
+
+def test_critic_heavy_proposes_lora_or_the_spare_gpu(advised):
+    lora = advised.finding("critic_heavy", "critic-heavy")
+    assert lora.evidence["critic_to_actor"] == pytest.approx(3.0 / 4.0)
+    assert lora.change == {"critic_lora_rank": 8}
+    spare = advised.finding("critic_heavy_spare_gpu", "critic-heavy")
+    assert spare.change == {"gpus": [0, 1], "critic_gpus": 1}
+    assert spare.evidence["spare_gpus"] == [1]
+
+
+def test_spread_names_the_idle_gpu_and_its_role(advised):
+    f = advised.finding("spread_critic_gpu", "util-spread")
+    assert f.evidence["idlest_gpu"] == 1 and f.evidence["idlest_role"] == "critic"
+    assert f.evidence["spread_points"] == pytest.approx(75.0)
+    assert f.change == {"critic_gpus": 0}
+    assert "GPU 1 (critic) 5%" in f.evidence_text
+
+
+def test_headroom_scales_budgets_and_rounds_to_1024(advised):
+    f = advised.finding("headroom", "memory-headroom")
+    scale = 0.8 / 0.3
+    assert f.evidence["budget_scale"] == pytest.approx(scale)
+    assert f.change == {"actor_token_budget": int(8192 * scale) // 1024 * 1024,
+                        "logprob_token_budget": int(16384 * scale) // 1024 * 1024,
+                        "ref_token_budget": int(16384 * scale) // 1024 * 1024,
+                        "critic_token_budget": int(16384 * scale) // 1024 * 1024}
+    assert all(v % 1024 == 0 for v in f.change.values())
+
+
+def test_oom_risk_lowers_budgets_or_micro_batches(advised):
+    budgets = advised.finding("oom_dynamic", "oom-risk")
+    assert budgets.severity == "high" and advised.findings("oom_dynamic")[0] is budgets  # most severe first
+    assert budgets.change["actor_token_budget"] < 8192 and budgets.change["logprob_token_budget"] < 16384
+    micro = advised.finding("oom_reserved_micro", "oom-risk")
+    assert micro.evidence["reserved_share"] == pytest.approx(137.0 / (H200_MEM_TOTAL_MIB / 1024))
+    assert micro.change == {"actor_micro_batch": 2, "logprob_micro_batch": 4, "ref_micro_batch": 2,
+                            "critic_micro_batch": 2}
+
+
+def test_weight_sync_proposes_a_knob_only_where_one_exists(advised):
+    offload = advised.finding("weight_sync_offload", "weight-sync")
+    assert offload.evidence["update_weights_share"] == pytest.approx(0.25)
+    assert offload.change == {"actor_param_offload": False}
+    plain = advised.finding("weight_sync_plain", "weight-sync")
+    assert plain.change == {} and plain.expected.startswith("No knob change proposed")
+
+
+def test_pcie_saturation_turns_offload_off(advised):
+    f = advised.finding("pcie_offload", "pcie-offload")
+    assert f.evidence["pcie_rx_p90_mb_s"] == 58_000.0
+    assert f.change == {"actor_param_offload": False, "actor_optimizer_offload": False}
+
+
+# ------------------------------------------------------------------------------------------------ evidence hygiene
+def test_warmup_step_is_left_out_and_said_so(advised):
+    f = advised.finding("run", "rollout-bound")
+    assert f.evidence["warmup_step_excluded"] == 1 and f.evidence["steps"] == [2, 3, 4]
+    assert len(f.evidence["gen_s"]) == 3
+    assert "step 1 left out as warm-up" in f.evidence_text
+
+
+def test_a_slow_first_step_alone_fires_nothing(advised):
+    # SYNTHETIC: only the warm-up step is rollout-heavy.
+    steps = synthetic_steps()
+    steps.loc[0, "timing_s/gen"] = 9.0
+    assert "rollout-bound" not in [f.rule for f in advise(steps, synthetic_samples({0: {}}), advised.knobs("headroom"))]
+
+
+def test_too_few_steps_after_the_first_fire_nothing(advised):
+    steps, samples = recording("run")
+    assert advise(steps[steps["step"] <= 2], samples, advised.knobs("run")) == []
+    assert advise(steps[steps["step"] <= 3], samples, advised.knobs("run")) != []
+
+
+def test_unmeasured_columns_fire_nothing(advised):
+    steps, samples = recording("A")
+    blank_steps = steps.assign(**{c: np.nan for c in steps.columns if c.startswith("timing_s/")})
+    blank_samples = samples.assign(**{c: np.nan for c in SAMPLE_COLUMNS if c not in ("t", "node", "gpu")})
+    assert advise(blank_steps, blank_samples, advised.knobs("A")) == []
+    assert [f.rule for f in advise(steps, samples.iloc[0:0], advised.knobs("A"))] == ["actor-update-bound"]
+    # Without memory readings the actor rule keeps the micro batch's tokens and leaves checkpointing alone.
+    assert advise(steps, None, advised.knobs("A"))[0].change == {"use_dynamic_bsz": True, "actor_token_budget": 4096}
+
+
+def test_newest_segment_by_default_or_the_one_asked_for(advised):
+    run_steps, run_samples = recording("run")
+    a_steps, a_samples = recording("A")
+    steps = pd.concat([run_steps, a_steps.assign(segment_id=2, step=a_steps["step"] + 4)], ignore_index=True)
+    samples = pd.concat([run_samples, a_samples], ignore_index=True)
+    newest = advise(steps, samples, advised.knobs("A"))
+    assert [f.rule for f in newest] == ["actor-update-bound"] and newest[0].evidence["warmup_step_excluded"] == 5
+    first = advise(steps, samples, advised.knobs("run"), segment_id=1)
+    assert [f.rule for f in first] == ["rollout-bound", "gpu-idle"]
+
+
+def test_evidence_is_json_and_texts_are_sentences(advised):
+    for name in CASES:
+        for f in advised.findings(name):
+            json.dumps(f.evidence)
+            assert f.severity in ("high", "medium", "low") and f.title and f.expected.endswith(".")
+
+
+def test_thresholds_each_say_why():
+    assert all(len(threshold.why) > 40 and not math.isnan(threshold.value) for threshold in THRESHOLDS.values())
+
+
+# ------------------------------------------------------------------------------------------------ proposals are valid
+def test_every_proposed_change_is_a_valid_plan(advised):
+    proposals = {(CASES[name]()["plan"], json.dumps(f.change, sort_keys=True))
+                 for name in CASES for f in advised.findings(name) if f.change}
+    for plan_name, change in sorted(proposals):
+        assert set(json.loads(change)) <= set(KNOBS), change
+        advised.plan(plan_name).with_changes(json.loads(change)).validate()
+    assert len(proposals) >= 10
+
+
+# ------------------------------------------------------------------------------------------------ frame and session
+def test_findings_frame(advised):
+    frame = findings_frame(list(advised.findings("run")))
+    assert list(frame.columns) == list(FINDING_COLUMNS) and len(frame) == 2
+    assert frame.loc[0, "change"]["trainer_mode"] == "colocate_async"
+    assert list(findings_frame([]).columns) == list(FINDING_COLUMNS)
+
+
+def test_apply_finding_hands_the_change_to_the_session(advised):
+    class FakeSession:
+        applied = []
+
+        def apply(self, change):
+            self.applied.append(change)
+            return "queued"
+
+    f = advised.finding("A", "actor-update-bound")
+    session = FakeSession()
+    assert apply_finding(session, f) == "queued" and session.applied == [f.change]
+    with pytest.raises(ValueError, match="no knob change"):
+        apply_finding(session, advised.finding("weight_sync_plain", "weight-sync"))
+
+
+def test_session_advice_reads_the_store_and_the_plan(tmp_path, advised):
+    steps, samples = recording("A")
+    store = Store(tmp_path)
+    segment = store.begin_segment(advised.plan("A").to_json())
+    for row in steps.to_dict("records"):
+        store.add_step(segment, row.pop("step"), {k: v for k, v in row.items() if k not in ("segment_id", "t")},
+                       t=row["t"])
+    store.add_samples(samples.to_dict("records"))
+    store.close()
+    session = Session(tmp_path)
+    assert session.knob_values()["actor_micro_batch"] == 4
+    advice = session.advice()
+    assert list(advice["rule"]) == ["actor-update-bound"]
+    assert advice.loc[0, "change"] == advised.finding("A", "actor-update-bound").change
+    assert [f.rule for f in session.advice_findings(segment_id=segment)] == ["actor-update-bound"]
