@@ -20,10 +20,11 @@ from typing import Any
 import ray
 from omegaconf import open_dict
 
-from verl.trainer.ppo.ray_trainer import ResourcePoolManager
+from verl.single_controller.ray import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
 from ..store import Store
+from ..telemetry.roles import UNKNOWN_ROLE, classify_title
 
 SESSION_ENV = "WORKBENCH_SESSION_DIR"
 SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
@@ -126,11 +127,11 @@ class WorkbenchTrainerMixin:
         try:  # the rollout servers and reward workers are Ray actors of their own
             from ray.util.state import list_actors
 
-            for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000):
+            for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000, timeout=10):
                 pid = actor.get("pid") if isinstance(actor, dict) else getattr(actor, "pid", None)
                 name = actor.get("class_name") if isinstance(actor, dict) else getattr(actor, "class_name", "")
                 if pid and pid not in roles_by_pid:
-                    self._wb_store.add_worker(pid, _role_of_actor_class(name or ""), node, self._wb_segment)
+                    self._wb_store.add_worker(pid, classify_title(f"ray::{name}") or UNKNOWN_ROLE, node, self._wb_segment)
         except Exception as e:  # the state API needs Ray's dashboard agent; the sampler falls back to titles
             self._wb_store.add_event("telemetry", f"Ray state API unavailable for role attribution: {e!r}")
 
@@ -231,17 +232,6 @@ class WorkbenchTrainerMixin:
 
 
 RUNNER_DIRECTIVES = ("runner.pause", "runner.resume", "runner.hot_apply", "runner.checkpoint_exit", "runner.stop")
-
-
-def _role_of_actor_class(class_name: str) -> str:
-    name = class_name.lower()
-    if "server" in name or "vllm" in name or "sglang" in name:
-        return "rollout"
-    if "reward" in name:
-        return "reward"
-    if "agentloop" in name:
-        return "agent_loop"
-    return name or "other"
 
 
 _TRAINERS: dict[type, type] = {}

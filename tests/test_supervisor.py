@@ -1,0 +1,54 @@
+"""Supervisor pieces that need no run: ending a process tree, reading a crash, what a restart can't carry over."""
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from workbench.supervisor import kill_tree, looks_like_oom, traceback_tail
+
+# A session leader that leaves an orphan behind (re-parented to init), like a crashed Ray driver leaves its workers.
+ORPHAN_MAKER = """
+import subprocess, sys, time
+orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+print(orphan.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_kill_tree_ends_children_and_reparented_orphans():
+    leader = subprocess.Popen([sys.executable, "-c", ORPHAN_MAKER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    orphan_pid = int(leader.stdout.readline())
+    assert psutil.pid_exists(orphan_pid)
+    kill_tree(leader.pid, grace_s=5)
+    leader.wait(timeout=10)
+    deadline = time.time() + 10
+    while time.time() < deadline and psutil.pid_exists(orphan_pid):
+        try:
+            if psutil.Process(orphan_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    gone = not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == psutil.STATUS_ZOMBIE
+    assert gone
+
+
+def test_kill_tree_of_a_finished_process_is_harmless():
+    done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    done.wait()
+    kill_tree(done.pid, grace_s=1)
+
+
+def test_traceback_tail_starts_at_the_last_traceback(tmp_path):
+    log = tmp_path / "segment-1.log"
+    log.write_text(
+        "step 1\nTraceback (most recent call last):\n  old\nValueError: first\nstep 2\n"
+        "Traceback (most recent call last):\n  File \"x.py\"\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80 GiB\n"
+    )
+    tail = traceback_tail(log)
+    assert tail.startswith("Traceback") and "first" not in tail
+    assert looks_like_oom(tail)
+    assert not looks_like_oom("ValueError: batch size")
+    assert traceback_tail(tmp_path / "missing.log") == ""

@@ -1,0 +1,449 @@
+"""One long-lived process per session: owns the run, executes commands, outlives the kernels that started it.
+
+`python -m workbench.supervisor --session DIR` (Session.start spawns it detached). It
+- takes user commands (apply, pause, resume, stop, rollback) from the store, validates them, and turns them into
+  runner directives (`runner.*`, executed by the trainer at the next step boundary) or process actions;
+- runs each segment as its own process (a live verl run, or a replayed recording — see `Run`), relaunching with
+  `resume_mode=auto` for restart-class changes, and records crashes with the traceback tail;
+- starts the NVML sampler beside a live run;
+- keeps `meta.state` current: starting, running, paused, restarting, stopping, stopped, finished, failed.
+Control belongs to the operator: commands must carry the session's operator token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .plan import Plan, PlanError
+from .store import Store
+
+POLL_S = 0.25
+STOP_GRACE_S = 120.0  # a stop waits for the step boundary this long before it kills the run
+TOKEN_FILE = "operator.token"
+USER_COMMANDS = ("apply", "pause", "resume", "stop", "rollback", "telemetry")
+TAIL_LINES = 60
+OOM_SCAN_LINES = 2000
+
+
+def kill_tree(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM a run and everything it started (Ray's GCS, raylet, workers, vLLM engines), SIGKILL what is left.
+
+    The run was started as a session leader, so processes it started keep its session id even after they were
+    re-parented (a crashed Ray driver leaves its workers to init, still holding GPU memory).
+    """
+    procs = {}
+    try:
+        root = psutil.Process(pid)
+        procs = {p.pid: p for p in [root, *root.children(recursive=True)]}
+    except psutil.NoSuchProcess:
+        pass
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and os.getsid(p.pid) == pid:
+                procs.setdefault(p.pid, p)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    for p in procs.values():
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def log_tail(log_path: Path, lines: int) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def traceback_tail(log_path: Path, lines: int = TAIL_LINES) -> str:
+    """The end of a run's log from its last traceback on (or the last lines when there is none)."""
+    try:
+        text = log_path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    starts = [i for i, line in enumerate(text) if "Traceback (most recent call last)" in line]
+    tail = text[starts[-1]:] if starts else text
+    return "\n".join(tail[-lines:])
+
+
+def looks_like_oom(text: str) -> bool:
+    return any(m in text for m in ("OutOfMemoryError", "CUDA out of memory", "out of memory"))
+
+
+class Run:
+    """A segment being executed: a live verl process or a replay. The supervisor only talks to this interface."""
+
+    log_path: Path
+
+    def poll(self) -> int | None:  # exit code once finished
+        raise NotImplementedError
+
+    def directive(self, kind: str, payload: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def cannot_apply(self, plan: "Plan") -> str | None:
+        """Why this run can't take that plan (a replay without such a recorded segment), or None."""
+        return None
+
+
+class LiveRun(Run):
+    """`python -m workbench.runner.launch` in its own process group, with the GPUs of the plan."""
+
+    def __init__(self, store: Store, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str]):
+        self.store = store
+        self.log_path = session_dir / "logs" / f"segment-{segment_id}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.workbench["gpus"]))}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "workbench.runner.launch", "--session", str(session_dir), "--segment", str(segment_id)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def directive(self, kind: str, payload: dict[str, Any]) -> None:
+        self.store.put_command(kind, payload)
+
+    def kill(self) -> None:
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+
+
+class Supervisor:
+    def __init__(self, session_dir: Path, run_factory=None):
+        self.dir = session_dir
+        self.store = Store(session_dir)
+        self.token = (session_dir / TOKEN_FILE).read_text().strip()
+        self.run_factory = run_factory or self._live_run
+        self.run: Run | None = None
+        self.segment_id: int | None = None
+        self.pending_plan: Plan | None = None  # a restart-class change waiting for the runner's checkpoint
+        self.stopping_since: float | None = None
+        self.sampler: subprocess.Popen | None = None
+        self.last_good_plan_json: str | None = None
+
+    # ----------------------------------------------------------------- helpers
+    def state(self) -> str:
+        return self.store.meta().get("state", "starting")
+
+    def set_state(self, state: str) -> None:
+        self.store.set_meta(state=state)
+
+    def current_plan(self) -> Plan:
+        segment = self.store.segment(self.store.last_segment()["id"])
+        return Plan.from_json(segment["plan_json"])
+
+    def _live_run(self, segment_id: int, plan: Plan, env: dict[str, str]) -> Run:
+        return LiveRun(self.store, self.dir, segment_id, plan, env)
+
+    # ----------------------------------------------------------------- segments
+    def launch(self, plan: Plan, reason: str, env: dict[str, str] | None = None) -> None:
+        last = self.store.last_segment()
+        resumed_from = self._latest_checkpoint_step()
+        self.segment_id = self.store.begin_segment(plan.to_json(), reason=reason, resumed_from_step=resumed_from)
+        # State and event first: once created, the run writes its own ("running", "started"), which must come after.
+        self.set_state("starting")
+        text = f"segment {self.segment_id} launched ({reason})"
+        if resumed_from is not None and last is not None:
+            text += f", resuming from the checkpoint at step {resumed_from}"
+        self.store.add_event("launched", text, {"segment": self.segment_id, "resume_step": resumed_from})
+        self.run = self.run_factory(self.segment_id, plan, env or {})
+        self._ensure_sampler(plan)
+        if isinstance(self.run, LiveRun):
+            self.store.set_meta(**machine_meta(plan))
+
+    def _latest_checkpoint_step(self) -> int | None:
+        marker = self.dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+        return int(marker.read_text().strip()) if marker.exists() else None
+
+    def _ensure_sampler(self, plan: Plan) -> None:
+        if not isinstance(self.run, LiveRun) or os.environ.get("WORKBENCH_NO_SAMPLER") == "1":
+            return
+        if self.sampler is not None and self.sampler.poll() is None:
+            return
+        log = open(self.dir / "logs" / "sampler.log", "ab")
+        self.sampler = subprocess.Popen(
+            [sys.executable, "-m", "workbench.telemetry.sampler", "--session", str(self.dir),
+             "--hz", os.environ.get("WORKBENCH_SAMPLER_HZ", "10"), "--gpus", ",".join(map(str, plan.workbench["gpus"]))],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def _stop_sampler(self) -> None:
+        if self.sampler is not None and self.sampler.poll() is None:
+            self.sampler.terminate()
+            try:
+                self.sampler.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.sampler.kill()
+
+    # ----------------------------------------------------------------- commands
+    def handle_commands(self) -> None:
+        for cmd in self.store.take_commands(kinds=USER_COMMANDS, taker="supervisor"):
+            payload = cmd["payload"]
+            if payload.pop("token", None) != self.token:
+                self.store.finish_command(cmd["id"], "refused", "not the operator: attach with the operator token to control")
+                continue
+            try:
+                result = getattr(self, f"cmd_{cmd['kind']}")(payload)
+                self.store.finish_command(cmd["id"], "done", result)
+            except (PlanError, RuntimeError, ValueError) as e:
+                self.store.finish_command(cmd["id"], "failed", str(e))
+                self.store.add_event("refused", f"{cmd['kind']}: {e}", {"command": cmd["id"]})
+
+    def _require_run(self, what: str) -> Run:
+        if self.run is None or self.run.poll() is not None:
+            raise RuntimeError(f"can't {what}: no run is in progress (state {self.state()})")
+        return self.run
+
+    def cmd_apply(self, payload: dict[str, Any]) -> dict[str, Any]:
+        run = self._require_run("apply a change")
+        if self.pending_plan is not None:
+            raise RuntimeError("a restart-class change is already pending; wait for it to take effect")
+        current = self.current_plan()
+        new = current.with_changes(payload["changes"])
+        new.validate(gpu_count=payload.get("gpu_count"))
+        reason = run.cannot_apply(new)
+        if reason:
+            raise RuntimeError(reason)
+        mode = current.apply_class(new)
+        changes = {d["knob"]: d["new"] for d in current.diff(new) if "knob" in d}
+        if mode == "hot":
+            run.directive("runner.hot_apply", {"changes": changes, "plan_json": new.to_json()})
+        else:
+            self.pending_plan = new
+            run.directive("runner.checkpoint_exit", {})
+            self.set_state("restarting")
+            self.store.add_event(
+                "restart_pending",
+                f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, then relaunch",
+                {"changes": changes},
+            )
+        return {"mode": mode, "changes": changes}
+
+    def cmd_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._require_run("pause").directive("runner.pause", {})
+        return {"at": "next step boundary"}
+
+    def cmd_resume(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._require_run("resume").directive("runner.resume", {})
+        return {"at": "now"}
+
+    def cmd_stop(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.pending_plan = None
+        if self.run is None or self.run.poll() is not None:
+            self.set_state("stopped")
+            return {"stopped": "nothing was running"}
+        if payload.get("now"):
+            self._end_run("stopped", "stopped at once by the operator")
+            return {"stopped": "at once"}
+        self.run.directive("runner.stop", {"checkpoint": bool(payload.get("checkpoint"))})
+        self.stopping_since = time.time()
+        self.set_state("stopping")
+        return {"stopped": "at the next step boundary"}
+
+    def cmd_telemetry(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Turn the NVML sampler off or on (to measure what it costs, or to spare a loaded host)."""
+        on = bool(payload.get("on", True))
+        if on:
+            self._ensure_sampler(self.current_plan())
+        else:
+            self._stop_sampler()
+        self.store.add_event("telemetry", f"sampler {'on' if on else 'off'}", {"sampler": on})
+        return {"sampler": on}
+
+    def cmd_rollback(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.run is not None and self.run.poll() is None:
+            raise RuntimeError("rollback is for a failed or stopped run; stop this one first")
+        plan_json = self._last_good_plan_json()
+        if plan_json is None:
+            raise RuntimeError("no segment ever finished a step: there is no good plan to roll back to")
+        self.launch(Plan.from_json(plan_json), reason="rollback to the last good plan")
+        return {"segment": self.segment_id}
+
+    def _last_good_plan_json(self) -> str | None:
+        """The plan of the newest segment that completed at least one step and did not fail."""
+        steps = self.store.frame("steps")
+        good = set(steps["segment_id"]) if len(steps) else set()
+        for seg in reversed(self.store.rows("segments")):
+            if seg["status"] != "failed" and seg["id"] in good:
+                return seg["plan_json"]
+        return None
+
+    # ----------------------------------------------------------------- run life cycle
+    def _end_run(self, state: str, reason: str) -> None:
+        if self.run is not None:
+            self.run.kill()
+        self._stop_sampler()
+        if self.segment_id is not None and self.store.segment(self.segment_id)["status"] == "running":
+            self.store.end_segment(self.segment_id, "done", reason)
+        self.run = None
+        self.stopping_since = None
+        self.set_state(state)
+        self.store.add_event(state, reason)
+
+    def check_run(self) -> None:
+        if self.run is None:
+            return
+        rc = self.run.poll()
+        if rc is None:
+            if self.stopping_since and time.time() - self.stopping_since > STOP_GRACE_S:
+                self._end_run("stopped", f"no step boundary within {STOP_GRACE_S:.0f} s: stopped at once")
+            return
+        # The runner may have opened further segments (hot applies): the newest one is the one that ended.
+        self.segment_id = self.store.last_segment()["id"]
+        if rc != 0:
+            tail = traceback_tail(self.run.log_path)
+            # An OOM inside a Ray worker surfaces as a wrapper error at the end: look further back than the tail.
+            oom = looks_like_oom(log_tail(self.run.log_path, OOM_SCAN_LINES))
+            self.run.kill()  # Ray leaves workers behind on a crash
+            self.run = None
+            self.store.end_segment(self.segment_id, "failed", "out of memory" if oom else f"exit code {rc}")
+            self.pending_plan = None
+            self.set_state("failed")
+            self.store.add_event(
+                "crash",
+                ("verl ran out of GPU memory" if oom else f"verl exited with code {rc}")
+                + ": roll back to the last good plan with session.rollback()",
+                {"segment": self.segment_id, "exit_code": rc, "oom": oom, "traceback_tail": tail},
+            )
+            return
+        self.run.kill()
+        self.run = None
+        if self.pending_plan is not None:
+            previous, new = self.current_plan(), self.pending_plan
+            self.pending_plan = None
+            self.store.end_segment(self.segment_id, "done", "checkpointed for a restart-class change")
+            env, losses = restart_environment(previous, new, self.dir, self._latest_checkpoint_step())
+            for loss in losses:
+                self.store.add_event("not_resumed", loss)
+            self.launch(new, reason="restart-class change", env=env)
+            return
+        self.store.end_segment(self.segment_id, "done", "run ended")
+        self._stop_sampler()
+        state = "stopped" if self.stopping_since else "finished"
+        self.stopping_since = None
+        self.set_state(state)
+        self.store.add_event(state, "verl run ended" if state == "finished" else "stopped by the operator")
+
+    def loop(self) -> None:
+        self.store.set_meta(supervisor_pid=os.getpid())
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            while True:
+                # Runs first: a run that just exited for a restart is relaunched before commands look for a run.
+                self.check_run()
+                self.handle_commands()
+                if self.state() in ("stopped", "finished") and self.run is None and self.pending_plan is None:
+                    break
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            self._end_run("stopped", "supervisor terminated")
+        finally:
+            self._stop_sampler()
+
+
+def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint_step: int | None) -> tuple[dict[str, str], list[str]]:
+    """What a relaunch must do differently to resume, and what it can't carry over (said to the user)."""
+    env: dict[str, str] = {}
+    losses: list[str] = []
+    old_rank = previous.knob_values()["critic_lora_rank"]
+    new_rank = new.knob_values()["critic_lora_rank"]
+    if old_rank != new_rank:
+        env["WORKBENCH_SKIP_CRITIC_RESUME"] = "1"
+        losses.append(
+            f"critic weights and optimizer state start afresh: the critic's architecture changed "
+            f"(LoRA rank {old_rank} → {new_rank}); actor, data position and step count are resumed"
+        )
+    if actor_world_size(previous) != actor_world_size(new) and checkpoint_step is not None:
+        # FSDP shards are saved per rank: a different world size can only start from the exported HF weights.
+        hf = session_dir / "checkpoints" / f"global_step_{checkpoint_step}" / "actor" / "huggingface"
+        env.update(WORKBENCH_ACTOR_HF=str(hf), WORKBENCH_STEP_OFFSET=str(checkpoint_step), WORKBENCH_SKIP_CRITIC_RESUME="1")
+        losses.append(
+            f"the actor's GPU count changed ({actor_world_size(previous)} → {actor_world_size(new)}): FSDP shards can't "
+            f"be resharded, so the run restarts from the step-{checkpoint_step} actor weights (HF export); lost: "
+            "optimizer state, critic state, data position; the reference policy becomes that actor"
+        )
+    return env, losses
+
+
+def machine_meta(plan: Plan) -> dict[str, Any]:
+    """What a recording must say about where it was measured: machine, GPUs, driver, versions, model shape."""
+    import platform
+    from importlib import metadata
+
+    meta: dict[str, Any] = {"machine": platform.node(), "date": time.strftime("%Y-%m-%d"), "python": platform.python_version()}
+    for package in ("torch", "verl", "vllm", "ray", "transformers"):
+        try:
+            meta[f"{package}_version"] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            meta[f"{package}_version"] = None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in plan.workbench["gpus"]]
+        meta.update(
+            gpu_name=pynvml.nvmlDeviceGetName(handles[0]), gpu_count=pynvml.nvmlDeviceGetCount(),
+            gpus_used=len(handles), driver=pynvml.nvmlSystemGetDriverVersion(),
+        )
+    except Exception as e:
+        meta["gpu_error"] = repr(e)
+    model_config = Path(plan.config.actor_rollout_ref.model.path) / "config.json"
+    if model_config.exists():
+        shape = json.loads(model_config.read_text())
+        meta["model_shape"] = {k: shape.get(k) for k in (
+            "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "intermediate_size", "vocab_size", "torch_dtype")}
+    return meta
+
+
+def actor_world_size(plan: Plan) -> int:
+    wb = plan.workbench
+    return len(wb["gpus"]) - wb.get("critic_gpus", 0) - wb.get("reward_gpus", 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.supervisor")
+    parser.add_argument("--session", type=Path, required=True)
+    parser.add_argument("--replay", type=Path, help="play this recorded session instead of running verl")
+    parser.add_argument("--speed", type=float, default=1.0, help="replay speed (2 = twice real time)")
+    parser.add_argument("--crash-at-step", type=int, help="replay fault injection: crash at this step")
+    args = parser.parse_args(argv)
+    run_factory = None
+    if args.replay is not None:
+        from .replay import replay_factory
+
+        run_factory = replay_factory(args.session, args.replay, speed=args.speed, crash_at_step=args.crash_at_step)
+    supervisor = Supervisor(args.session, run_factory=run_factory)
+    if supervisor.store.last_segment() is None:
+        supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
+    supervisor.loop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
