@@ -1,0 +1,303 @@
+"""The session engine end to end on CPU: Session → supervisor process → replayed run → store → Session.
+
+Every session here is a replay of the assembled recording (tests/replay_fixture.py) at 50–200× real time, under a
+private VERL_WORKBENCH_HOME. Waits poll for conditions with generous timeouts (a loaded 2-core CI machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
+from workbench.plan import PlanError
+from workbench.replay import NO_RECORDED_SEGMENT, TICK_S, replay_factory
+from workbench.session import ReadOnlySession, Session, process_alive
+from workbench.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 90.0  # for one condition; generous for a loaded machine
+FAST = 200  # recorded seconds per second: the recorded run (~400 s) in ~2 s
+SLOW = 50  # ~1 s between steps: room to act between two steps
+
+
+def wait(session: Session, predicate, timeout: float = TIMEOUT) -> Session:
+    return session.wait_until(predicate, timeout=timeout, poll=0.1)
+
+
+def kinds(session: Session) -> list[str]:
+    return list(session.events()["kind"])
+
+
+def event(session: Session, kind: str) -> dict:
+    rows = session.store.rows("events")
+    return [r for r in rows if r["kind"] == kind][-1]
+
+
+def recorded(recording: Path) -> Store:
+    return Store(recording, readonly=True)
+
+
+def recorded_steps(recording: Path, segment: int) -> list[dict]:
+    store = recorded(recording)
+    try:
+        return [r for r in store.rows("steps") if r["segment_id"] == segment]
+    finally:
+        store.close()
+
+
+def recorded_texts(recording: Path, kind: str) -> list[str]:
+    store = recorded(recording)
+    try:
+        return [r["text"] for r in store.rows("events") if r["kind"] == kind]
+    finally:
+        store.close()
+
+
+def supervisor_gone(session: Session) -> bool:
+    return not process_alive(int(session.meta["supervisor_pid"]))
+
+
+def run_python(code: str, *args: str) -> str:
+    """Run `code` in a fresh interpreter (another process, like a second kernel) and return its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ),
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_replay_outlives_its_starter_and_any_process_sees_its_rows(recording, home):
+    started = run_python(
+        "import sys\nfrom workbench.session import Session\n"
+        "print(Session.replay(sys.argv[1], speed=float(sys.argv[2])).dir)",
+        str(recording), str(FAST),
+    )
+    directory = Path(started.strip())
+    assert directory.parent == home / "sessions"
+    # The process that started the session has exited; the supervisor and the replay go on.
+    session = wait(Session.attach(directory.name), lambda s: s.state == "finished")
+    assert session.is_operator
+
+    meta = session.meta
+    assert (meta["kind"], meta["recording"], meta["speed"]) == ("replay", str(recording), FAST)
+
+    steps = session.steps()
+    source = recorded_steps(recording, 1)
+    assert list(steps["step"]) == [1, 2, 3, 4] and set(steps["segment_id"]) == {1}
+    for (_, row), original in zip(steps.iterrows(), source):
+        assert row["timing_s/step"] == original["metrics"]["timing_s/step"]
+        assert row["perf/throughput"] == original["metrics"]["perf/throughput"]
+    # Re-timed to now at the recorded pace / speed. A step is never early; one may land up to a tick late
+    # (TICK_S), and a late one does not delay the next.
+    span, recorded_span = steps["t"].iloc[-1] - steps["t"].iloc[0], (source[-1]["t"] - source[0]["t"]) / FAST
+    assert recorded_span - TICK_S - 0.05 <= span <= recorded_span + 10, (span, recorded_span)
+    assert abs(steps["t"].iloc[-1] - time.time()) < 600
+
+    source_store = recorded(recording)
+    segment = source_store.segment(1)
+    in_window = [r for r in source_store.rows("samples") if segment["started_at"] < r["t"] <= source[-1]["t"]]
+    source_store.close()
+    samples = session.samples()
+    assert len(samples) == len(in_window)
+    assert samples["t"].is_monotonic_increasing and samples["t"].iloc[0] > meta["created"]
+    assert samples["power_w"].tolist() == [r["power_w"] for r in in_window]
+    assert len(session.workers()) == 6 and set(session.workers()["segment_id"]) == {1}
+
+    events = session.events()
+    copied = events[events["kind"] == "telemetry"]
+    assert len(copied) == 1 and copied["text"].iloc[0].startswith("NVML at 5 Hz by the reference sampler")
+    assert "replay" in event(session, "started")["text"] and "replay" in event(session, "exiting")["text"]
+    assert kinds(session).count("launched") == 1  # the recording's own control events are not copied
+    assert kinds(session)[-1] == "finished"
+    wait(session, supervisor_gone)
+
+    # A second handle in this process and a handle in another process read the same rows.
+    other = Session.attach(directory)
+    assert other.steps().drop(columns="id").equals(steps.drop(columns="id"))
+    seen = json.loads(run_python(
+        "import json, sys\nfrom workbench.session import Session\n"
+        "s = Session.attach(sys.argv[1], read_only=True)\n"
+        "print(json.dumps({'steps': s.steps()['step'].tolist(), 't': s.steps()['t'].tolist(), "
+        "'samples': len(s.samples()), 'state': s.state, 'operator': s.is_operator}))",
+        str(directory),
+    ))
+    assert seen == {"steps": [1, 2, 3, 4], "t": steps["t"].tolist(), "samples": len(samples), "state": "finished",
+                    "operator": False}
+
+    listed = Session.list()
+    row = listed[listed["id"] == directory.name].iloc[0]
+    assert (row["kind"], row["state"], row["steps"]) == ("replay", "finished", 4)
+
+
+def test_read_only_attach_refuses_control(recording, home):
+    session = Session.replay(recording, speed=SLOW)
+    try:
+        viewers = [Session.attach(session.id, read_only=True), Session(session.dir, token=None, read_only=True)]
+        if os.geteuid() != 0:  # root reads any file: the unreadable-token case only exists for other users
+            (session.dir / "operator.token").chmod(0)
+            viewers.append(Session.attach(session.id))
+        queued = session.store.max_id("commands")
+        for viewer in viewers:
+            assert not viewer.is_operator and "read-only" in repr(viewer)
+            for control in (viewer.pause, viewer.resume, viewer.rollback, lambda: viewer.stop(wait=False),
+                            lambda: viewer.apply({"actor_token_budget": HOT_NEIGHBOUR_BUDGET})):
+                with pytest.raises(ReadOnlySession, match="read-only"):
+                    control()
+            assert viewer.meta["kind"] == "replay"
+        assert session.store.max_id("commands") == queued
+    finally:
+        (session.dir / "operator.token").chmod(0o600)
+        session.stop(now=True)
+    assert session.state == "stopped"
+
+
+def test_pause_holds_the_steps_resume_continues_stop_ends(recording, home):
+    session = Session.replay(recording, speed=SLOW)
+    session.pause()  # accepted while verl "starts"; takes effect at the first step boundary, like the live trainer
+    wait(session, lambda s: s.state == "paused")
+    assert session.steps()["step"].tolist() == [1]
+    assert event(session, "paused")["data"]["step"] == 1
+
+    # Twice the recorded time to the next step (at this speed): a run that was not paused would have written it.
+    next_gap = (recorded_steps(recording, 1)[1]["t"] - recorded_steps(recording, 1)[0]["t"]) / SLOW
+    time.sleep(2 * next_gap)
+    assert session.steps()["step"].tolist() == [1] and session.state == "paused"
+
+    session.resume()
+    session.wait_for_step(2, timeout=TIMEOUT)
+    assert session.state == "running" and "resumed" in kinds(session)
+
+    session.stop(timeout=TIMEOUT)  # at the next step boundary
+    assert session.state == "stopped"
+    assert session.segments()["status"].tolist() == ["done"]
+    assert {"exiting", "stopped"} <= set(kinds(session))
+    wait(session, supervisor_gone)
+
+
+def test_apply_hot_then_restart_then_crash_and_rollback(recording, recorded_plans, home):
+    """One session through every change path. Each change is made while paused, so each lands at a known step."""
+    session = Session.replay(recording, speed=SLOW, crash_at_step=3)
+    session.pause()
+    wait(session, lambda s: s.state == "paused")
+    assert session.plan.knob_values() == recorded_plans["A"].knob_values()
+
+    # Invalid changes: PlanError, and nothing reaches the supervisor.
+    queued = session.store.max_id("commands")
+    for bad in ({"actor_token_budget": 0}, {"no_such_knob": 1}, {"use_dynamic_bsz": True, "actor_token_budget": 100}):
+        with pytest.raises(PlanError):
+            session.apply(bad)
+    assert session.store.max_id("commands") == queued
+
+    # A valid plan the recording never ran: refused with the reason, nothing changes.
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        session.apply({"rollout_gpu_memory": 0.5})
+    assert len(session.segments()) == 1 and "applied" not in kinds(session) and "refused" in kinds(session)
+    assert session.plan.knob_values() == recorded_plans["A"].knob_values()
+
+    # Hot: a recorded neighbour differing in a hot knob; the same run opens a new segment at the step boundary.
+    result = session.apply({"actor_token_budget": HOT_NEIGHBOUR_BUDGET})
+    assert result.mode == "hot"
+    wait(session, lambda s: "applied" in kinds(s))
+    applied = event(session, "applied")
+    assert applied["data"]["from_step"] == 2 and applied["data"]["mode"] == "hot" and "replay" in applied["text"]
+    segments = session.segments()
+    assert segments["reason"].tolist() == ["hot apply after step 1", "hot apply"]
+    assert segments["status"].tolist() == ["done", "running"] and segments["resumed_from_step"].tolist()[1] == 1
+    assert session.plan.knob_values() == recorded_plans["A_hot"].knob_values()
+    assert kinds(session).count("launched") == 1  # same run
+    assert session.state == "paused"  # a hot apply does not end a pause
+
+    # Restart: checkpoint at the boundary, the run exits, a new run resumes in the recorded tuned segment.
+    result = session.apply(TUNED_CHANGES)
+    assert result.mode == "restart"
+    session.pause()  # sent during the restart: the relaunched run takes it at its first step boundary
+    wait(session, lambda s: s.state == "paused" and (s.steps()["segment_id"] == 3).any())
+    assert event(session, "checkpoint")["data"]["step"] == 1
+    assert event(session, "launched")["data"] == {"segment": 3, "resume_step": 1}
+    segments = session.segments()
+    assert segments["status"].tolist() == ["done", "done", "running"]
+    assert segments["resumed_from_step"].tolist()[2] == 1
+    assert session.plan.knob_values() == recorded_plans["B"].knob_values()
+    steps = session.steps()
+    assert steps["step"].tolist() == [1, 2] and steps["segment_id"].tolist() == [1, 3]
+    assert steps["timing_s/step"].iloc[1] == recorded_steps(recording, 2)[1]["metrics"]["timing_s/step"]
+
+    # Crash (injected at step 3): traceback tail, segment failed, state failed.
+    session.resume()
+    wait(session, lambda s: s.state == "failed")
+    crash = event(session, "crash")
+    tail = crash["data"]["traceback_tail"]
+    assert "Traceback (most recent call last)" in tail and "InjectedReplayFault: injected replay fault at step 3" in tail
+    assert crash["data"]["exit_code"] == 1 and "rollback" in crash["text"]
+    assert session.segments()["status"].tolist() == ["done", "done", "failed"]
+    assert session.steps()["step"].tolist() == [1, 2]
+
+    # Rollback: the newest plan that ran good steps (A; the hot segment ran none), resumed from the checkpoint.
+    assert session.rollback() == 4
+    session.wait_for_step(2, timeout=TIMEOUT)
+    wait(session, lambda s: (s.steps()["segment_id"] == 4).any())
+    assert session.plan.knob_values() == recorded_plans["A"].knob_values()
+    assert "rollback" in event(session, "launched")["text"] and event(session, "launched")["data"]["resume_step"] == 1
+    assert session.steps().query("segment_id == 4")["step"].iloc[0] == 2
+
+    session.stop(now=True)
+    assert session.state == "stopped"
+    wait(session, supervisor_gone)
+    session.stop()  # an ended session: nothing to do, no error
+    with pytest.raises(RuntimeError, match="supervisor has exited"):
+        session.resume()
+
+
+def test_a_crash_of_the_first_plan_leaves_nothing_to_roll_back_to(recording, home):
+    session = Session.replay(recording, speed=FAST, crash_at_step=2)
+    wait(session, lambda s: s.state == "failed")
+    assert "injected replay fault at step 2" in event(session, "crash")["data"]["traceback_tail"]
+    assert session.segments()["status"].tolist() == ["failed"] and session.steps()["step"].tolist() == [1]
+    # The supervisor waits for a decision: the only plan crashed, so rollback has nothing to offer.
+    with pytest.raises(RuntimeError, match="no good plan"):
+        session.rollback()
+    session.stop()
+    assert session.state == "stopped"
+    wait(session, supervisor_gone)
+
+
+def test_a_replay_run_copies_its_window_and_leaves_out_recorded_control(recording, recorded_plans, tmp_path):
+    """The factory in-process: every table of the recorded window arrives re-timed; recorded control does not."""
+    source = shutil.copytree(recording, tmp_path / "recording")
+    store = Store(source)
+    ready = recorded_steps(source, 1)[0]["t"] - 60.0
+    store.add_procs([{"t": ready + i, "node": "h200-reference", "gpu": 0, "pid": 2508, "role": "actor_rollout_ref",
+                      "mem_used": 20000.0} for i in range(3)])
+    store.add_event("paused", "paused after step 0", t=ready)
+    store.add_event("advice", "a recorded finding", t=ready)
+    store.close()
+
+    session = Store(tmp_path / "session")
+    segment = session.begin_segment(recorded_plans["A"].to_json())
+    factory = replay_factory(tmp_path / "session", source, speed=2000)
+    started = time.time()
+    run = factory(segment, recorded_plans["A"], {})
+    assert run.cannot_apply(recorded_plans["A_hot"]) is None and run.cannot_apply(recorded_plans["B"]) is None
+    assert run.cannot_apply(recorded_plans["A"].with_changes({"rollout_gpu_memory": 0.5})).startswith(NO_RECORDED_SEGMENT)
+    deadline = time.time() + TIMEOUT
+    while run.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert run.poll() == 0
+    assert session.meta()["state"] == "running"
+
+    procs = session.frame("procs")
+    assert procs["pid"].tolist() == [2508] * 3 and procs["mem_used"].tolist() == [20000.0] * 3
+    assert procs["t"].between(started, time.time()).all() and procs["t"].diff().dropna().between(0, 0.01).all()
+    copied = session.frame("events")
+    assert not {"advice", "paused", "launched"} & set(copied["kind"])
+    assert set(recorded_texts(source, "telemetry")) <= set(copied["text"])
+    assert (session.frame("samples")["t"] >= started).all()  # re-timed: nothing keeps its recorded time
+    assert run.log_path.read_text().count("step ") >= 4

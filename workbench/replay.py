@@ -1,0 +1,371 @@
+"""A recorded session played back as a run, at scaled real time: the CPU test double and the no-GPU demo.
+
+A recording is a session directory (see store.py). `replay_factory` gives the supervisor a run factory; each run
+copies the recorded rows of the recorded segment whose plan matches into this session's store, re-timed to now:
+steps at their recorded spacing / speed, and the samples, procs, workers and events of the same time window.
+It answers the supervisor's directives at step boundaries the way the live trainer does (runner/trainer.py), so
+the supervisor's own paths run unchanged: pause / resume, hot apply (the recorded segment with the new plan takes
+over in the same run), checkpoint-and-exit (the next run continues in the recorded segment of the pending plan),
+stop, and a crash (`crash_at_step`, an injected fault).
+
+A replay never pretends to be live: the session's meta says kind=replay and names the recording, copied events
+keep their recorded text, and the replay's own events say "replay".
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from .plan import Plan
+from .store import PROC_COLUMNS, SAMPLE_COLUMNS, Store
+from .supervisor import Run
+
+TICK_S = 0.1  # the replay wakes this often (wall clock) and writes what the recording did meanwhile, in one batch
+NO_RECORDED_SEGMENT = "this replay has no recorded segment with that plan: applying it needs a GPU (live session)"
+# verl's checkpoint marker: the supervisor reads it to tell a relaunch which step it resumes from.
+CHECKPOINT_MARKER = Path("checkpoints") / "latest_checkpointed_iteration.txt"
+# Recorded events about the recorded session's control and analysis: the replayed session has its own.
+OWN_EVENT_KINDS = frozenset({
+    "launched", "started", "paused", "resumed", "applied", "restart_pending", "checkpoint", "exiting",
+    "not_resumed", "refused", "error", "crash", "stopped", "finished", "advice",
+})
+
+
+class InjectedReplayFault(RuntimeError):
+    """The crash `crash_at_step` asks for: exercises the supervisor's crash path; not a verl failure."""
+
+
+class _Killed(Exception):
+    """The supervisor killed the run (stop now, or the supervisor is ending)."""
+
+
+@dataclass(frozen=True)
+class RecordedSegment:
+    id: int
+    plan_json: str
+    started_at: float
+    steps: tuple[dict[str, Any], ...]  # the recording's step rows (step, t, metrics), in order
+
+    @functools.cached_property
+    def knobs(self) -> dict[str, Any]:
+        # Parsed on demand: reading some knobs' defaults imports verl (seconds), which a plain replay never needs.
+        return Plan.from_json(self.plan_json).knob_values()
+
+    def ran(self, plan: Plan) -> bool:
+        """Whether this segment ran `plan`: the very same plan, or one with equal knob values."""
+        return self.plan_json == plan.to_json() or self.knobs == plan.knob_values()
+
+    def first_index_after(self, step: int | None) -> int:
+        """Where to continue after `step`: its first recorded step beyond it, or its first step when it has none."""
+        for index, row in enumerate(self.steps):
+            if step is None or row["step"] > step:
+                return index
+        return 0
+
+    def work_start(self, index: int) -> float:
+        """Recorded time the work of steps[index] began: the previous step's end; for the first step, its end
+        less its own duration (verl's timing_s/step). Before that lies verl's startup."""
+        if index > 0:
+            return self.steps[index - 1]["t"]
+        first = self.steps[0]
+        duration = first["metrics"].get("timing_s/step") or 0.0
+        return max(self.started_at, first["t"] - duration)
+
+
+class Recording:
+    """A recorded session directory, read once: its segments that ran steps, and its timed rows."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        store = Store(self.dir, readonly=True)
+        try:
+            steps_by_segment: dict[int, list[dict[str, Any]]] = {}
+            for row in store.rows("steps"):
+                steps_by_segment.setdefault(row["segment_id"], []).append(row)
+            self.segments = [
+                RecordedSegment(seg["id"], seg["plan_json"], seg["started_at"], tuple(steps_by_segment[seg["id"]]))
+                for seg in store.rows("segments") if seg["id"] in steps_by_segment
+            ]
+            self._frames = {
+                table: store.frame(table).sort_values("t", kind="stable").reset_index(drop=True)
+                for table in ("samples", "procs", "workers", "events")
+            }
+        finally:
+            store.close()
+        self._times = {table: frame["t"].to_numpy() for table, frame in self._frames.items()}
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    def segment_for(self, plan: Plan, after_step: int | None = None) -> RecordedSegment | None:
+        """The recorded segment that ran `plan`, preferring one with steps beyond after_step."""
+        first_match = None
+        for segment in self.segments:
+            if segment.ran(plan):
+                if after_step is None or segment.steps[-1]["step"] > after_step:
+                    return segment
+                first_match = first_match or segment
+        return first_match
+
+    def alternatives(self, plan: Plan) -> list[dict[str, Any]]:
+        """For each recorded plan other than `plan`: the knob values that would switch to it."""
+        knobs = plan.knob_values()
+        out = []
+        for seg in self.segments:
+            changes = {k: v for k, v in seg.knobs.items() if knobs.get(k) != v}
+            if changes and changes not in out:
+                out.append(changes)
+        return out
+
+    def rows_between(self, table: str, start: float, end: float) -> pd.DataFrame:
+        """The recorded rows of a table with start < t <= end."""
+        times = self._times[table]
+        lo, hi = np.searchsorted(times, start, side="right"), np.searchsorted(times, end, side="right")
+        return self._frames[table].iloc[lo:hi]
+
+
+class ReplayRun(Run):
+    """One run: a thread that plays recorded segments into the session's store (see the module docstring)."""
+
+    def __init__(
+        self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
+        resume_step: int | None, speed: float, crash_due: Callable[[int], bool],
+        directives: queue.Queue[tuple[str, dict[str, Any]]],
+    ):
+        self._store = store
+        self._recording = recording
+        self._dir = session_dir
+        self._segment_id = segment_id
+        self._plan = plan
+        self._resume_step = resume_step
+        self._speed = speed
+        self._crash_due = crash_due
+        self._directives = directives
+        self._killed = threading.Event()
+        self._exit_code: int | None = None
+        # Recorded time `_position` has been played up to; `_clock` pairs a wall time with the recorded time it
+        # stands for, so the replay keeps the recorded pace across windows (None: start afresh, e.g. after a pause).
+        self._position: float | None = None
+        self._clock: tuple[float, float] | None = None
+        self.log_path = session_dir / "logs" / f"segment-{segment_id}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        self._thread = threading.Thread(target=self._main, name=f"replay-segment-{segment_id}", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- the Run interface
+    def poll(self) -> int | None:
+        return None if self._thread.is_alive() else self._exit_code
+
+    def directive(self, kind: str, payload: dict[str, Any]) -> None:
+        self._directives.put((kind, payload))
+
+    def kill(self) -> None:
+        self._killed.set()
+        self._thread.join(timeout=30)
+
+    def cannot_apply(self, plan: Plan) -> str | None:
+        if self._recording.segment_for(plan) is not None:
+            return None
+        offers = "; ".join(
+            ", ".join(f"{k}={v!r}" for k, v in changes.items()) for changes in self._recording.alternatives(self._plan)
+        )
+        return NO_RECORDED_SEGMENT + (f". Recorded changes from the plan in force: {offers}" if offers else "")
+
+    # ----------------------------------------------------------------- playing
+    def _main(self) -> None:
+        with open(self.log_path, "a") as self._log:
+            try:
+                self._exit_code = self._play()
+            except _Killed:
+                self._log.write("replay: killed by the supervisor\n")
+                self._exit_code = -15
+            except Exception:  # an injected fault or a replay bug: either way the supervisor's crash path runs
+                self._log.write(traceback.format_exc())
+                self._exit_code = 1
+
+    def _say(self, line: str) -> None:
+        self._log.write(line + "\n")
+        self._log.flush()
+
+    def _play(self) -> int:
+        segment = self._recording.segment_for(self._plan, after_step=self._resume_step)
+        if segment is None:
+            raise RuntimeError(NO_RECORDED_SEGMENT)
+        index = segment.first_index_after(self._resume_step)
+        step = (self._resume_step or 0) + 1
+        self._say(
+            f"replay of {self._recording.dir}, speed {self._speed:g}: recorded segment {segment.id} "
+            f"from its step {segment.steps[index]['step']} as step {step}"
+        )
+        # A new process goes through verl's startup first (the recorded one, however far in it resumes).
+        self._play_window(segment.started_at, segment.work_start(0))
+        self._store.add_event(
+            "started",
+            f"replay: recorded segment {segment.id} of {self._recording.name} ready at step {step} "
+            f"({self._speed:g}× real time)",
+            {"segment": self._segment_id, "first_step": step, "recorded_segment": segment.id, "replay": True},
+        )
+        self._store.set_meta(state="running")
+        while index < len(segment.steps):
+            row = segment.steps[index]
+            self._play_window(segment.work_start(index), row["t"])
+            if self._crash_due(step):
+                raise InjectedReplayFault(
+                    f"injected replay fault at step {step} (crash_at_step): a test of the crash path, not a verl failure"
+                )
+            self._store.add_step(self._segment_id, step, row["metrics"])
+            self._say(f"step {step}: recorded step {row['step']} of segment {segment.id}")
+            outcome = self._step_boundary(step)
+            if outcome == "exit":
+                return 0
+            if isinstance(outcome, RecordedSegment):
+                segment, index = outcome, outcome.first_index_after(step)
+            else:
+                index += 1
+            step += 1
+        self._store.add_event(
+            "exiting", f"replay: the recording has no step after {step - 1} with this plan: the run ends",
+            {"step": step - 1, "replay": True},
+        )
+        return 0
+
+    def _play_window(self, start: float, end: float) -> None:
+        """Write the recording's rows with start < t <= end, at `speed` recorded seconds per second, re-timed."""
+        if self._clock is None or start != self._position:  # a jump in the recording: its clock starts here, now
+            self._clock = (time.time(), start)
+        self._position = start
+        wall_0, recorded_0 = self._clock
+        while self._position < end:
+            if self._killed.wait(TICK_S):
+                raise _Killed()
+            reached = min(end, recorded_0 + (time.time() - wall_0) * self._speed)
+            self._copy_rows(self._position, reached, lambda t: wall_0 + (t - recorded_0) / self._speed)
+            self._position = reached
+
+    def _copy_rows(self, start: float, end: float, wall: Callable[[Any], Any]) -> None:
+        """Copy the rows with start < t <= end; `wall` maps recorded times (scalars or Series) to wall times."""
+        samples = self._recording.rows_between("samples", start, end)
+        if len(samples):
+            self._store.add_samples(samples.assign(t=wall(samples["t"]))[list(SAMPLE_COLUMNS)].to_dict("records"))
+        procs = self._recording.rows_between("procs", start, end)
+        if len(procs):
+            self._store.add_procs(procs.assign(t=wall(procs["t"]))[list(PROC_COLUMNS)].to_dict("records"))
+        for worker in self._recording.rows_between("workers", start, end).to_dict("records"):
+            self._store.add_worker(worker["pid"], worker["role"], worker["node"], self._segment_id)
+        for event in self._recording.rows_between("events", start, end).to_dict("records"):
+            if event["kind"] not in OWN_EVENT_KINDS:
+                self._store.add_event(event["kind"], event["text"], {**event["data"], "replayed": True}, t=wall(event["t"]))
+
+    # ----------------------------------------------------------------- the step boundary (as runner/trainer.py)
+    def _step_boundary(self, step: int) -> str | RecordedSegment | None:
+        """Execute the directives that arrived (waiting here while paused); "exit", a segment to switch to, or None."""
+        paused, outcome = False, None
+        while True:
+            while not self._directives.empty():
+                kind, payload = self._directives.get_nowait()
+                try:
+                    if kind == "runner.pause":
+                        paused = True
+                        self._store.set_meta(state="paused")
+                        self._store.add_event("paused", f"replay: paused after step {step}", {"step": step, "replay": True})
+                    elif kind == "runner.resume":
+                        paused = False
+                        self._store.set_meta(state="running")
+                        self._store.add_event("resumed", f"replay: resumed after step {step}", {"step": step, "replay": True})
+                    elif kind == "runner.hot_apply":
+                        outcome = self._hot_apply(payload, step)
+                    elif kind in ("runner.checkpoint_exit", "runner.stop"):
+                        if kind == "runner.checkpoint_exit" or payload.get("checkpoint"):
+                            self._checkpoint(step)
+                        paused, outcome = False, "exit"
+                        self._store.add_event(
+                            "exiting", f"replay: exits after step {step} ({kind.split('.')[1]})",
+                            {"step": step, "replay": True},
+                        )
+                    else:
+                        raise ValueError(f"unknown directive {kind!r}")
+                except Exception as e:
+                    self._store.add_event("error", f"replay: {kind} failed at step {step}: {e}", {"step": step, "replay": True})
+            if not paused:
+                return outcome
+            self._clock = None  # the recording's clock stands still while paused
+            if self._killed.wait(TICK_S):
+                raise _Killed()
+
+    def _hot_apply(self, payload: dict[str, Any], step: int) -> RecordedSegment:
+        plan = Plan.from_json(payload["plan_json"])
+        target = self._recording.segment_for(plan, after_step=step)
+        if target is None:
+            raise ValueError(NO_RECORDED_SEGMENT)
+        changes: dict[str, Any] = payload["changes"]
+        before = {k: self._plan.knob_values()[k] for k in changes}
+        # A hot change is a new segment: same run, new plan, measured separately.
+        self._store.end_segment(self._segment_id, "done", f"hot apply after step {step}")
+        self._segment_id = self._store.begin_segment(payload["plan_json"], reason="hot apply", resumed_from_step=step)
+        self._plan = plan
+        text = ", ".join(f"{k} {before[k]} → {v}" for k, v in changes.items())
+        self._store.add_event(
+            "applied",
+            f"hot: {text} from step {step + 1} (replay: recorded segment {target.id})",
+            {"mode": "hot", "from_step": step + 1, "changes": changes, "before": before, "segment": self._segment_id,
+             "recorded_segment": target.id, "replay": True},
+        )
+        return target
+
+    def _checkpoint(self, step: int) -> None:
+        marker = self._dir / CHECKPOINT_MARKER
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(str(step))
+        self._store.add_event(
+            "checkpoint", f"replay: checkpoint at step {step} (a marker only: a replay has no weights to save)",
+            {"step": step, "replay": True},
+        )
+
+
+class ReplayFactory:
+    """The supervisor's run factory for a replayed session: `(segment_id, plan, env) -> ReplayRun`."""
+
+    def __init__(self, session_dir: Path, recording_dir: Path, speed: float = 1.0, crash_at_step: int | None = None):
+        if not speed > 0:
+            raise ValueError(f"replay speed must be positive, got {speed}")
+        self.session_dir = Path(session_dir)
+        self.recording = Recording(recording_dir)
+        self.store = Store(self.session_dir)
+        self.speed = speed
+        self._crash_at_step = crash_at_step
+        # Shared by the session's runs, like the store's command queue a live runner reads: a directive the
+        # ending run did not take (sent while it checkpointed for a restart) goes to the next run.
+        self.directives: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+
+    def _crash_due(self, step: int) -> bool:
+        # One injected fault per session: the run that a rollback launches must get past that step.
+        if step != self._crash_at_step:
+            return False
+        self._crash_at_step = None
+        return True
+
+    def __call__(self, segment_id: int, plan: Plan, env: dict[str, str]) -> ReplayRun:
+        # `env` tells a live relaunch how to resume verl's weights; a replay has none to load.
+        resume_step = self.store.segment(segment_id)["resumed_from_step"]
+        return ReplayRun(
+            self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
+            self.directives,
+        )
+
+
+def replay_factory(
+    session_dir: str | Path, recording_dir: str | Path, speed: float = 1.0, crash_at_step: int | None = None,
+) -> ReplayFactory:
+    """A run factory for `Supervisor(run_factory=...)` that plays `recording_dir` into `session_dir`."""
+    return ReplayFactory(Path(session_dir), Path(recording_dir), speed=speed, crash_at_step=crash_at_step)
