@@ -52,3 +52,23 @@ def test_traceback_tail_starts_at_the_last_traceback(tmp_path):
     assert looks_like_oom(tail)
     assert not looks_like_oom("ValueError: batch size")
     assert traceback_tail(tmp_path / "missing.log") == ""
+
+
+def test_commands_are_signed_and_a_copied_signature_is_refused(tmp_path):
+    from workbench.store import Store
+    from workbench.supervisor import TOKEN_FILE, Supervisor, signed
+
+    token = "operator-secret"
+    (tmp_path / TOKEN_FILE).write_text(token)
+    Store(tmp_path)
+    supervisor = Supervisor(tmp_path)
+    payload = signed(token, "pause", {})
+    assert token not in str(payload)
+    assert supervisor.is_from_operator("pause", dict(payload))
+    assert not supervisor.is_from_operator("pause", dict(payload)), "a signature must not work twice"
+    assert not supervisor.is_from_operator("stop", dict(signed(token, "pause", {}))), "signed for another kind"
+    assert not supervisor.is_from_operator("pause", dict(signed("a viewer's guess", "pause", {})))
+    tampered = signed(token, "apply", {"changes": {"actor_token_budget": 8192}})
+    tampered["changes"] = {"actor_token_budget": 10**9}
+    assert not supervisor.is_from_operator("apply", tampered)
+    assert not supervisor.is_from_operator("pause", {})

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ["workbench.cli_plan", "workbench.cli_data", "workbench.cli_telemetry"]
+COMMAND_MODULES = ["workbench.cli_up", "workbench.cli_plan", "workbench.cli_data", "workbench.cli_telemetry"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -275,8 +275,11 @@ class Plan:
         return hash((tuple(self.to_overrides()), json.dumps(self.workbench, sort_keys=True)))
 
     # ------------------------------------------------------------------------------------------------ validation
-    def validate(self, gpu_count: int | None = None) -> None:
+    def validate(self, gpu_count: int | None = None, with_verl: bool = True) -> None:
         """Raise PlanError listing every problem; `gpu_count` (GPUs on this machine) enables the index check.
+
+        `with_verl=False` leaves out verl's own check, which loads the critic's model from `critic.model.path`:
+        a replayed plan names paths on the machine it was recorded on.
 
         Cross-knob checks need well-typed values, so a plan with type errors reports those first. verl's own
         `validate_config` runs last, on a plan that passes the workbench's checks: verl stops at its first
@@ -293,7 +296,7 @@ class Plan:
         problems += self._async_problems(values, roles)
         if values["critic_lora_rank"] > 0 and not roles.critic:
             problems.append("critic_lora_rank: this plan runs no critic (critic.enable / algorithm.adv_estimator)")
-        if not problems:
+        if not problems and with_verl:
             rejection = verl_config.verl_validation_problem(self.config)
             if rejection is not None:
                 message, location = rejection

@@ -29,7 +29,7 @@ from .advisor import Finding, advise, findings_frame
 from .paths import resolve_session_dir, sessions_root
 from .plan import Plan, PlanError
 from .store import STORE_FILE, Store
-from .supervisor import TOKEN_FILE
+from .supervisor import TOKEN_FILE, signed
 
 ACTIVE_STATES = ("starting", "running", "paused", "restarting", "stopping")
 COMMAND_TIMEOUT_S = 30.0
@@ -204,7 +204,7 @@ class Session:
             )
         if not self._supervisor_alive():
             raise RuntimeError(self._no_supervisor(kind))
-        command_id = self.store.put_command(kind, {**(payload or {}), "token": self._token})
+        command_id = self.store.put_command(kind, signed(self._token, kind, payload or {}))
         if not wait:
             return {"id": command_id}
         deadline = time.time() + COMMAND_TIMEOUT_S
@@ -235,8 +235,10 @@ class Session:
         if not self.is_operator:
             self._command("apply")  # raises ReadOnlySession
         new = self.plan.with_changes(changes)
-        new.validate(gpu_count=self.meta.get("gpu_count"))
-        reply = self._command("apply", {"changes": changes, "gpu_count": self.meta.get("gpu_count")})
+        meta = self.meta
+        # A replayed plan names model paths of the machine it was recorded on: verl's own check can't load them here.
+        new.validate(gpu_count=meta.get("gpu_count"), with_verl=meta.get("kind") != "replay")
+        reply = self._command("apply", {"changes": changes, "gpu_count": meta.get("gpu_count")})
         result = reply["result"]
         return ApplyResult(mode=result["mode"], changes=result["changes"], command_id=reply["id"])
 

@@ -7,14 +7,19 @@
   `resume_mode=auto` for restart-class changes, and records crashes with the traceback tail;
 - starts the NVML sampler beside a live run;
 - keeps `meta.state` current: starting, running, paused, restarting, stopping, stopped, finished, failed.
-Control belongs to the operator: commands must carry the session's operator token.
+Control belongs to the operator: each command carries a signature made with the session's operator token (an HMAC
+over a fresh nonce, the kind and the payload). The token itself never enters the store, which every viewer can read,
+and a copied signature can't be used twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,6 +35,7 @@ from .store import Store
 POLL_S = 0.25
 STOP_GRACE_S = 120.0  # a stop waits for the step boundary this long before it kills the run
 TOKEN_FILE = "operator.token"
+SIGNATURE_FIELDS = ("nonce", "signature")
 USER_COMMANDS = ("apply", "pause", "resume", "stop", "rollback", "telemetry")
 TAIL_LINES = 60
 OOM_SCAN_LINES = 2000
@@ -65,6 +71,17 @@ def kill_tree(pid: int, grace_s: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=5)
+
+
+def _signature(token: str, kind: str, nonce: str, payload: dict[str, Any]) -> str:
+    message = json.dumps([nonce, kind, payload], sort_keys=True, default=str).encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def signed(token: str, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload of an operator command, signed with the operator token."""
+    nonce = secrets.token_hex(12)
+    return {**payload, "nonce": nonce, "signature": _signature(token, kind, nonce, payload)}
 
 
 def log_tail(log_path: Path, lines: int) -> str:
@@ -144,7 +161,7 @@ class Supervisor:
         self.pending_plan: Plan | None = None  # a restart-class change waiting for the runner's checkpoint
         self.stopping_since: float | None = None
         self.sampler: subprocess.Popen | None = None
-        self.last_good_plan_json: str | None = None
+        self.used_nonces: set[str] = set()
 
     # ----------------------------------------------------------------- helpers
     def state(self) -> str:
@@ -204,7 +221,7 @@ class Supervisor:
     def handle_commands(self) -> None:
         for cmd in self.store.take_commands(kinds=USER_COMMANDS, taker="supervisor"):
             payload = cmd["payload"]
-            if payload.pop("token", None) != self.token:
+            if not self.is_from_operator(cmd["kind"], payload):
                 self.store.finish_command(cmd["id"], "refused", "not the operator: attach with the operator token to control")
                 continue
             try:
@@ -213,6 +230,15 @@ class Supervisor:
             except (PlanError, RuntimeError, ValueError) as e:
                 self.store.finish_command(cmd["id"], "failed", str(e))
                 self.store.add_event("refused", f"{cmd['kind']}: {e}", {"command": cmd["id"]})
+
+    def is_from_operator(self, kind: str, payload: dict[str, Any]) -> bool:
+        nonce, signature = (payload.pop(field, None) for field in SIGNATURE_FIELDS)
+        if not isinstance(nonce, str) or not isinstance(signature, str) or nonce in self.used_nonces:
+            return False
+        if not hmac.compare_digest(signature, _signature(self.token, kind, nonce, payload)):
+            return False
+        self.used_nonces.add(nonce)
+        return True
 
     def _require_run(self, what: str) -> Run:
         if self.run is None or self.run.poll() is not None:
@@ -225,7 +251,7 @@ class Supervisor:
             raise RuntimeError("a restart-class change is already pending; wait for it to take effect")
         current = self.current_plan()
         new = current.with_changes(payload["changes"])
-        new.validate(gpu_count=payload.get("gpu_count"))
+        new.validate(gpu_count=payload.get("gpu_count"), with_verl=isinstance(run, LiveRun))
         reason = run.cannot_apply(new)
         if reason:
             raise RuntimeError(reason)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import psutil
 
+from workbench.assets.plans import OFFLINE_KNOBS, offline_overrides
+
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "/root/proof")
 OUT.mkdir(parents=True, exist_ok=True)
 ASSETS = Path(os.environ.get("PROOF_ASSETS", "/root/assets"))
@@ -116,36 +118,8 @@ def matmul_sampled(seconds: float = 15.0):
     log(json.dumps(result))
 
 
-BASE = [
-    "algorithm.adv_estimator=gae",
-    f"data.train_files={ASSETS}/data/train.parquet",
-    f"data.val_files={ASSETS}/data/test.parquet",
-    "data.dataloader_num_workers=2",
-    f"actor_rollout_ref.model.path={ASSETS}/model",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.rollout.enforce_eager=True",
-    "actor_rollout_ref.rollout.agent.num_workers=2",
-    "critic.optim.lr=1e-5",
-    f"critic.model.path={ASSETS}/model",
-    "reward.num_workers=2",
-    "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
-    "trainer.logger=[console]",
-    "trainer.project_name=workbench",
-    "trainer.experiment_name=h200_proof",
-    "trainer.val_before_train=False",
-    "trainer.nnodes=1",
-    "trainer.save_freq=-1",
-    "trainer.test_freq=-1",
-    "trainer.total_epochs=4",
-    "trainer.total_training_steps=60",
-]
-KNOBS = dict(
-    gpus=[0], train_batch_size=64, ppo_mini_batch_size=32, max_prompt_length=256, max_response_length=256,
-    actor_micro_batch=16, logprob_micro_batch=16, ref_micro_batch=16, critic_micro_batch=16,
-    use_dynamic_bsz=True, actor_token_budget=4096, logprob_token_budget=4096, ref_token_budget=4096,
-    critic_token_budget=4096, rollout_gpu_memory=0.5, rollout_tp=1,
-)
+BASE = offline_overrides(ASSETS)
+KNOBS = OFFLINE_KNOBS
 
 
 def wait_step(s, n, timeout):

@@ -24,7 +24,6 @@ from verl.single_controller.ray import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
 from ..store import Store
-from ..telemetry.roles import UNKNOWN_ROLE, classify_title
 
 SESSION_ENV = "WORKBENCH_SESSION_DIR"
 SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
@@ -112,6 +111,8 @@ class WorkbenchTrainerMixin:
             self.use_critic = True
 
     def _wb_record_workers(self) -> None:
+        """Which process plays which role. The rollout servers and reward workers, Ray actors of their own, are
+        recognised by the sampler from their process titles (telemetry/roles.py)."""
         node = socket.gethostname()
         groups = {"actor_rollout_ref": self.actor_rollout_wg}
         if self.use_critic:
@@ -124,16 +125,6 @@ class WorkbenchTrainerMixin:
         for pid, roles in roles_by_pid.items():
             self._wb_store.add_worker(pid, "+".join(sorted(roles)), node, self._wb_segment)
         self._wb_store.add_worker(os.getpid(), "driver", node, self._wb_segment)
-        try:  # the rollout servers and reward workers are Ray actors of their own
-            from ray.util.state import list_actors
-
-            for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000, timeout=10):
-                pid = actor.get("pid") if isinstance(actor, dict) else getattr(actor, "pid", None)
-                name = actor.get("class_name") if isinstance(actor, dict) else getattr(actor, "class_name", "")
-                if pid and pid not in roles_by_pid:
-                    self._wb_store.add_worker(pid, classify_title(f"ray::{name}") or UNKNOWN_ROLE, node, self._wb_segment)
-        except Exception as e:  # the state API needs Ray's dashboard agent; the sampler falls back to titles
-            self._wb_store.add_event("telemetry", f"Ray state API unavailable for role attribution: {e!r}")
 
     # ----------------------------------------------------------------- live token budgets
     def _wb_with_budget(self, batch, knob: str) -> None:
