@@ -10,8 +10,8 @@ from workbench.telemetry.nvml import read_recording
 
 DATA = Path(__file__).parent / "data"
 RUN = DATA / "h200_run_nvml.csv"  # start-up (GPU idle for the first ~480 s), then 4 PPO steps
-QUICKSTART = DATA / "h200_quickstart_A_nvml.csv"  # verl quickstart settings
-TUNED = DATA / "h200_tuned_B_nvml.csv"  # hand-tuned plan, same workload
+QUICKSTART = DATA / "h200_2026-11-30" / "A_nvml.csv"  # verl quickstart settings
+TUNED = DATA / "h200_2026-11-30" / "B_nvml.csv"  # hand-tuned plan, same workload
 
 # Seconds into the A and B recordings where PPO steps run steadily; the first 150 s of every recording are start-up.
 STEADY = (200.0, 330.0)

@@ -79,7 +79,7 @@ def test_each_nan_reason_is_recorded_once(tmp_path):
     assert set(events["kind"]) == {"telemetry"}
     keys = [(e["gpu"], e["metric"]) for e in events["data"]]
     assert len(keys) == len(set(keys)) == 2 * 7  # 7 unrecorded metrics on each GPU, each said once
-    assert "GPU 1: nvlink_tx not recorded in h200_tuned_B_nvml.csv" in set(events["text"])
+    assert "GPU 1: nvlink_tx not recorded in B_nvml.csv" in set(events["text"])
 
 
 def test_pause_stops_sampling_and_resume_restarts_it(tmp_path):
