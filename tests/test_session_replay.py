@@ -1,7 +1,8 @@
 """The session engine end to end on CPU: Session → supervisor process → replayed run → store → Session.
 
-Every session here is a replay of the assembled recording (tests/replay_fixture.py) at 50–200× real time, under a
-private VERL_WORKBENCH_HOME. Waits poll for conditions with generous timeouts (a loaded 2-core CI machine).
+The sessions here replay the assembled recording (tests/replay_fixture.py) at 50–200× real time, or the real H200
+recording h200-proof (bundled) at 50×, under a private VERL_WORKBENCH_HOME. Waits poll for conditions with
+generous timeouts (a loaded 2-core CI machine).
 """
 
 from __future__ import annotations
@@ -14,18 +15,23 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
 from workbench.plan import PlanError
-from workbench.replay import NO_RECORDED_SEGMENT, TICK_S, replay_factory
-from workbench.session import ReadOnlySession, Session, process_alive
+from workbench.plan import Plan
+from workbench.replay import NO_RECORDED_SEGMENT, TICK_S, TOOK_CONTROL, Recording, replay_factory
+from workbench.session import ReadOnlySession, Session, process_alive, resolve_recording
 from workbench.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 90.0  # for one condition; generous for a loaded machine
 FAST = 200  # recorded seconds per second: the recorded run (~400 s) in ~2 s
 SLOW = 50  # ~1 s between steps: room to act between two steps
+PROOF = "h200-proof"  # the real recording: 5 segments over ~950 s, ~20 s at PROOF_SPEED (each startup ~3 s)
+PROOF_SPEED = 50
+GPM_COLUMNS = ["sm_active", "sm_occupancy", "tensor_active", "dram_active"]
 
 
 def wait(session: Session, predicate, timeout: float = TIMEOUT) -> Session:
@@ -282,7 +288,7 @@ def test_a_replay_run_copies_its_window_and_leaves_out_recorded_control(recordin
 
     session = Store(tmp_path / "session")
     segment = session.begin_segment(recorded_plans["A"].to_json())
-    factory = replay_factory(tmp_path / "session", source, speed=2000)
+    factory = replay_factory(tmp_path / "session", source, speed=2000, follow=False)
     started = time.time()
     run = factory(segment, recorded_plans["A"], {})
     assert run.cannot_apply(recorded_plans["A_hot"]) is None and run.cannot_apply(recorded_plans["B"]) is None
@@ -301,3 +307,152 @@ def test_a_replay_run_copies_its_window_and_leaves_out_recorded_control(recordin
     assert set(recorded_texts(source, "telemetry")) <= set(copied["text"])
     assert (session.frame("samples")["t"] >= started).all()  # re-timed: nothing keeps its recorded time
     assert run.log_path.read_text().count("step ") >= 4
+
+
+# ------------------------------------------------------------------------------------------------ the real recording
+def proof_store() -> Store:
+    return recorded(resolve_recording(PROOF))
+
+
+def sample_values(samples: pd.DataFrame) -> set[tuple]:
+    """Sample rows without their id and time, comparable across sessions (NaN as None)."""
+    values = samples.drop(columns=["id", "t"]).astype(object)
+    return set(values.where(values.notna(), None).itertuples(index=False))
+
+
+def test_the_proof_recording_keeps_its_crashed_segment_and_its_operators_commands():
+    recording = Recording(resolve_recording(PROOF))
+    assert [s.id for s in recording.segments] == [1, 2, 3, 4, 5]
+    crashed = recording.segments[3]
+    assert crashed.steps == () and crashed.crash.oom and crashed.crash.exit_code == 1
+    assert crashed.ready_at == crashed.ended_at  # it never got past verl's startup
+    assert "Engine core initialization failed" in crashed.crash.traceback_tail
+    assert [s.crash is None for s in recording.segments] == [True, True, True, False, True]
+
+    commands = [(c.kind, c.after_step) for c in recording.operator_commands]
+    assert commands == [("telemetry", 2), ("telemetry", 5), ("apply", 8), ("apply", 12), ("apply", 17),
+                        ("rollback", 18), ("stop", 20)]
+    assert not any({"token", "nonce", "signature"} & set(c.payload) for c in recording.operator_commands)
+    assert recording.operator_commands[3].payload["changes"]["critic_lora_rank"] == 8
+
+    # The plan of segment 3 ran again in segment 5 (the rollback): a resume after step 18 continues there.
+    plan_3, plan_4 = (Plan.from_json(recording.segments[i].plan_json) for i in (2, 3))
+    assert recording.segment_for(plan_3, after_step=13).id == 3
+    assert recording.segment_for(plan_3, after_step=18).id == 5
+    assert recording.segment_for(plan_4, after_step=18).id == 4
+
+
+def test_a_replay_follows_the_recorded_operator_through_the_whole_recording(home):
+    """h200-proof end to end at 50×: a hot apply, two restarts, a recorded OOM crash, the rollback, the stop."""
+    session = Session.replay(PROOF, speed=PROOF_SPEED)  # by name: the bundled recording
+    assert session.meta["recording"] == str(resolve_recording(PROOF)) and session.meta["follow"] is True
+    wait(session, lambda s: s.state == "stopped", timeout=3 * TIMEOUT)
+    source = proof_store()
+
+    # Every recorded step, in its recorded segment, with its recorded metrics.
+    steps = session.steps()
+    assert steps["step"].tolist() == list(range(1, 22))
+    assert steps["segment_id"].tolist() == [1] * 9 + [2] * 4 + [3] * 5 + [5] * 3
+    assert steps["timing_s/step"].tolist() == [r["metrics"]["timing_s/step"] for r in source.rows("steps")]
+
+    # The same segments as the recording, with the same throughput.
+    segments, recorded_segments = session.segments(), source.frame("segments")
+    assert segments["status"].tolist() == ["done", "done", "done", "failed", "done"]
+    assert segments["status"].tolist() == recorded_segments["status"].tolist()
+    assert segments["resumed_from_step"].tolist()[1:] == [9, 13, 18, 18]
+    assert segments["reason"].tolist()[3] == "out of memory"
+    recorded_throughput = source.frame("steps").groupby("segment_id")["perf/throughput"].mean()
+    assert segments["throughput"].iloc[[0, 1, 2, 4]].tolist() == pytest.approx(recorded_throughput.tolist())
+    assert pd.isna(segments["throughput"].iloc[3])
+    for segment in (1, 2, 3, 5):
+        assert session.knob_values(segment) == Plan.from_json(source.segment(segment)["plan_json"]).knob_values()
+
+    # The supervisor's own control events, in the recorded order.
+    control = [k for k in kinds(session) if k in (
+        "launched", "started", "applied", "restart_pending", "checkpoint", "exiting", "crash", "stopped")]
+    assert control == [
+        "launched", "started", "applied", "restart_pending", "checkpoint", "exiting",
+        "launched", "started", "restart_pending", "checkpoint", "exiting",
+        "launched", "crash",
+        "launched", "started", "exiting", "stopped",
+    ]
+    applied = event(session, "applied")["data"]
+    assert (applied["mode"], applied["from_step"], applied["changes"]["actor_token_budget"]) == ("hot", 10, 32768)
+    assert [e["data"]["step"] for e in session.store.rows("events") if e["kind"] == "checkpoint"] == [13, 18]
+    assert "LoRA rank 0 → 8" in event(session, "not_resumed")["text"]
+    switches = [e["data"] for e in session.store.rows("events") if e["kind"] == "telemetry" and "sampler" in e["data"]]
+    assert switches == [{"sampler": False}, {"sampler": True}]  # this supervisor's answers, not the recorded ones
+
+    # The recorded crash, through the supervisor's own crash path: OOM, the recorded tail, then the rollback.
+    crash = event(session, "crash")
+    recorded_crash = [e for e in source.rows("events") if e["kind"] == "crash"][0]
+    assert crash["data"]["oom"] is True and crash["data"]["exit_code"] == 1 and crash["data"]["segment"] == 4
+    assert crash["data"]["traceback_tail"] == recorded_crash["data"]["traceback_tail"]
+    assert crash["text"] == recorded_crash["text"]  # "verl ran out of GPU memory: roll back …"
+    log = (session.dir / "logs" / "segment-4.log").read_text()
+    assert "the recorded crash of recorded segment 4 of h200-proof" in log
+    rollback = event(session, "launched")
+    assert "rollback" in rollback["text"] and rollback["data"] == {"segment": 5, "resume_step": 18}
+
+    # The recorded operator's commands, signed afresh and answered.
+    commands = session.commands()
+    assert commands["kind"].tolist() == ["telemetry", "telemetry", "apply", "apply", "apply", "rollback", "stop"]
+    assert set(commands["state"]) == {"done"}
+    assert [json.loads(r)["mode"] for r in commands["result"][2:5]] == ["hot", "restart", "restart"]
+    for payload in commands["payload"]:
+        assert "signature" in payload and "token" not in payload and "recorded_command" in payload
+    assert TOOK_CONTROL not in session.events()["text"].tolist()
+
+    # Every replayed sample is a recorded one, GPU activity (GPM) columns included; only its time is new.
+    samples = session.samples()
+    assert len(samples) > 5000 and samples[GPM_COLUMNS].notna().mean().min() > 0.99
+    assert sample_values(samples) <= sample_values(source.frame("samples"))
+    assert samples["t"].is_monotonic_increasing
+    source.close()
+    wait(session, supervisor_gone)
+
+
+def test_a_command_of_yours_takes_control_from_the_recorded_operator(home):
+    session = Session.replay(PROOF, speed=PROOF_SPEED)
+    session.wait_for_step(3, timeout=TIMEOUT)  # step 3 waits for the recorded sampler switch after step 2
+    session.pause()
+    wait(session, lambda s: s.state == "paused" and TOOK_CONTROL in s.events()["text"].tolist())
+    session.resume()
+    wait(session, lambda s: s.state == "finished")  # plan A's recorded steps, then the run ends: no recorded change
+
+    # The operator issued the recording's first commands, up to the pause (on a loaded machine the second sampler
+    # switch, after step 5, may beat it); after it, only the user's commands.
+    commands = session.commands()
+    by_operator = commands[["recorded_command" in payload for payload in commands["payload"]]]
+    by_user = commands.drop(by_operator.index)
+    recorded_commands = Recording(resolve_recording(PROOF)).operator_commands
+    assert by_user["kind"].tolist() == ["pause", "resume"] and by_user["id"].min() > by_operator["id"].max()
+    assert 1 <= len(by_operator) <= 2  # well before the first apply, after step 8
+    assert by_operator["kind"].tolist() == [c.kind for c in recorded_commands[:len(by_operator)]]
+    took = event(session, "replay")
+    assert took["text"] == TOOK_CONTROL and took["data"]["command"] == by_user["id"].min()
+    assert took["data"]["not_replayed"] == [str(c) for c in recorded_commands[len(by_operator):]]
+
+    assert session.steps()["step"].tolist() == list(range(1, 10))
+    assert session.segments()["status"].tolist() == ["done"]
+    assert "applied" not in kinds(session) and "restart_pending" not in kinds(session)
+    wait(session, supervisor_gone)
+
+
+def test_without_following_a_replay_plays_the_first_recorded_segment_only(home):
+    session = Session.replay(PROOF, speed=PROOF_SPEED, follow=False)
+    wait(session, lambda s: s.state == "finished")
+    assert session.meta["follow"] is False
+    assert session.steps()["step"].tolist() == list(range(1, 10)) and len(session.segments()) == 1
+    assert session.commands().empty and "replay" not in kinds(session)
+    # Nobody answers the recorded sampler switches here: the recorded ones explain the recorded gap in the samples.
+    switches = [e["data"] for e in session.store.rows("events") if e["kind"] == "telemetry" and "sampler" in e["data"]]
+    assert switches == [{"sampler": False, "replayed": True}, {"sampler": True, "replayed": True}]
+    # The samples of plan A's window, as recorded: GPU activity (GPM) columns too, NaN where the recording has NaN.
+    source = proof_store()
+    last_step = source.rows("steps")[8]
+    recorded_samples = source.frame("samples").query("@source.segment(1)['started_at'] < t <= @last_step['t']")
+    source.close()
+    samples = session.samples()
+    assert samples[GPM_COLUMNS].reset_index(drop=True).equals(recorded_samples[GPM_COLUMNS].reset_index(drop=True))
+    wait(session, supervisor_gone)

@@ -60,8 +60,9 @@ def start_session(args):
     return session
 
 
-def follow(session, seconds: float | None = None, steps: int | None = None, out=sys.stdout) -> int:
+def follow(session, seconds: float | None = None, steps: int | None = None, out=None) -> int:
     """Print steps and events as they land until the session ends, `seconds` pass or `steps` steps were seen."""
+    out = out or sys.stdout
     step_id = event_id = 0
     seen = 0
     deadline = time.time() + seconds if seconds else None

@@ -6,7 +6,12 @@ steps at their recorded spacing / speed, and the samples, procs, workers and eve
 It answers the supervisor's directives at step boundaries the way the live trainer does (runner/trainer.py), so
 the supervisor's own paths run unchanged: pause / resume, hot apply (the recorded segment with the new plan takes
 over in the same run), checkpoint-and-exit (the next run continues in the recorded segment of the pending plan),
-stop, and a crash (`crash_at_step`, an injected fault).
+stop, and a crash: a recorded one (a failed recorded segment plays until it died, then exits with its recorded
+traceback) or an injected one (`crash_at_step`).
+
+The recorded operator comes along (`RecordedOperator`, unless follow=False): it re-issues the recording's
+commands into this session at the matching points of the replayed timeline, so a replay tells the whole recorded
+story (changes, restarts, a crash, the rollback, the stop) — until the user gives a command of their own.
 
 A replay never pretends to be live: the session's meta says kind=replay and names the recording, copied events
 keep their recorded text, and the replay's own events say "replay".
@@ -19,16 +24,17 @@ import queue
 import threading
 import time
 import traceback
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from .plan import Plan
 from .store import PROC_COLUMNS, SAMPLE_COLUMNS, Store
-from .supervisor import Run
+from .supervisor import ANSWERED, SIGNATURE_FIELDS, TOKEN_FILE, USER_COMMANDS, Run, signed
 
 TICK_S = 0.1  # the replay wakes this often (wall clock) and writes what the recording did meanwhile, in one batch
 NO_RECORDED_SEGMENT = "this replay has no recorded segment with that plan: applying it needs a GPU (live session)"
@@ -39,6 +45,13 @@ OWN_EVENT_KINDS = frozenset({
     "launched", "started", "paused", "resumed", "applied", "restart_pending", "checkpoint", "exiting",
     "not_resumed", "refused", "error", "crash", "stopped", "finished", "advice",
 })
+# The recorded operator's commands that a replay re-issues. A pause and its resume are left out: no recorded step
+# lies between them, so a replayed pause would last one tick.
+REPLAYED_COMMANDS = ("apply", "telemetry", "rollback", "stop")
+# How recordings carry the operator's credentials: a signature (now) or the token itself (before commands were
+# signed). Neither is valid in another session: a re-issued command is signed afresh.
+RECORDED_CREDENTIALS = ("token", *SIGNATURE_FIELDS)
+TOOK_CONTROL = "replay: you took control; the recorded operator's remaining commands are not replayed"
 
 
 class InjectedReplayFault(RuntimeError):
@@ -50,11 +63,22 @@ class _Killed(Exception):
 
 
 @dataclass(frozen=True)
+class RecordedCrash:
+    """What the recorded supervisor wrote down when a recorded segment's run died (its `crash` event)."""
+
+    exit_code: int
+    oom: bool
+    traceback_tail: str
+
+
+@dataclass(frozen=True)
 class RecordedSegment:
     id: int
     plan_json: str
     started_at: float
+    ended_at: float | None
     steps: tuple[dict[str, Any], ...]  # the recording's step rows (step, t, metrics), in order
+    crash: RecordedCrash | None  # how its run died; None: it did not fail
 
     @functools.cached_property
     def knobs(self) -> dict[str, Any]:
@@ -72,6 +96,12 @@ class RecordedSegment:
                 return index
         return 0
 
+    @property
+    def ready_at(self) -> float:
+        """Recorded time verl's startup ended (its first step's work began); a segment that never got there spent
+        its whole time starting."""
+        return self.work_start(0) if self.steps else self.ended_at
+
     def work_start(self, index: int) -> float:
         """Recorded time the work of steps[index] began: the previous step's end; for the first step, its end
         less its own duration (verl's timing_s/step). Before that lies verl's startup."""
@@ -82,20 +112,47 @@ class RecordedSegment:
         return max(self.started_at, first["t"] - duration)
 
 
+@dataclass(frozen=True)
+class RecordedCommand:
+    """A command the recorded operator gave (its payload without credentials), and the step the recorded session
+    had completed when it arrived (0: none yet)."""
+
+    id: int
+    kind: str
+    payload: dict[str, Any]
+    after_step: int
+
+    def __str__(self) -> str:
+        when = "the crash" if self.kind == "rollback" else f"step {self.after_step}"
+        return f"{self.kind} after {when}"
+
+
 class Recording:
-    """A recorded session directory, read once: its segments that ran steps, and its timed rows."""
+    """A recorded session directory, read once: its segments that ran steps or crashed, its operator's commands,
+    and its timed rows."""
 
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
         store = Store(self.dir, readonly=True)
         try:
+            steps = store.rows("steps")
             steps_by_segment: dict[int, list[dict[str, Any]]] = {}
-            for row in store.rows("steps"):
+            for row in steps:
                 steps_by_segment.setdefault(row["segment_id"], []).append(row)
+            crashes = {
+                event["data"]["segment"]: RecordedCrash(
+                    event["data"]["exit_code"], event["data"]["oom"], event["data"]["traceback_tail"],
+                )
+                for event in store.rows("events") if event["kind"] == "crash"
+            }
             self.segments = [
-                RecordedSegment(seg["id"], seg["plan_json"], seg["started_at"], tuple(steps_by_segment[seg["id"]]))
-                for seg in store.rows("segments") if seg["id"] in steps_by_segment
+                RecordedSegment(
+                    seg["id"], seg["plan_json"], seg["started_at"], seg["ended_at"],
+                    tuple(steps_by_segment.get(seg["id"], ())), crashes.get(seg["id"]),
+                )
+                for seg in store.rows("segments") if seg["id"] in steps_by_segment or seg["id"] in crashes
             ]
+            self.operator_commands = _operator_commands(store.rows("commands"), steps)
             self._frames = {
                 table: store.frame(table).sort_values("t", kind="stable").reset_index(drop=True)
                 for table in ("samples", "procs", "workers", "events")
@@ -113,7 +170,7 @@ class Recording:
         first_match = None
         for segment in self.segments:
             if segment.ran(plan):
-                if after_step is None or segment.steps[-1]["step"] > after_step:
+                if after_step is None or (segment.steps and segment.steps[-1]["step"] > after_step):
                     return segment
                 first_match = first_match or segment
         return first_match
@@ -135,13 +192,118 @@ class Recording:
         return self._frames[table].iloc[lo:hi]
 
 
+def _operator_commands(commands: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[RecordedCommand, ...]:
+    """The recorded operator's commands that a replay re-issues (those the recorded supervisor carried out), in
+    order, each with the step the recorded session had completed when it arrived: its newest step by then."""
+    by_time = sorted(steps, key=lambda row: row["t"])
+    times = [row["t"] for row in by_time]
+    out = []
+    for command in commands:
+        if command["kind"] in REPLAYED_COMMANDS and command["state"] == "done":
+            newest = bisect_right(times, command["t"]) - 1
+            after_step = by_time[newest]["step"] if newest >= 0 else 0
+            payload = {k: v for k, v in command["payload"].items() if k not in RECORDED_CREDENTIALS}
+            out.append(RecordedCommand(command["id"], command["kind"], payload, after_step))
+    return tuple(out)
+
+
+def takes(state: str, kind: str) -> bool:
+    """Whether the supervisor takes a command of `kind` in session state `state`."""
+    if kind == "apply":
+        return state in ("starting", "running")  # a run in progress, and no restart-class change pending
+    if kind == "rollback":
+        return state == "failed"
+    return True  # telemetry and stop: in any state
+
+
+class RecordedOperator:
+    """The recorded session's operator, played back in the supervisor process: a thread that re-issues the
+    recording's commands into this session's store, signed with this session's operator token, one at a time, in
+    the recorded order, each once the previous one was answered:
+    - an apply, telemetry or stop once the replayed session has completed the step the recorded one had completed
+      when the command arrived, and is in a state that takes it (`takes`);
+    - a rollback once the replayed session has failed.
+    A run holds before a step while the operator owes a command from before it (`owes`), so each directive reaches
+    the step boundary it reached in the recording, whatever the speed and the supervisor's latency.
+    The user's control always wins: at the first command the operator did not issue, it stops for good.
+    """
+
+    def __init__(self, store: Store, token: str, commands: Sequence[RecordedCommand]):
+        self._store = store
+        self._token = token
+        self._pending = list(commands)
+        self._issued: set[int] = set()  # store ids of the commands it issued
+        self._in_flight: int | None = None  # the store id of the command awaiting the supervisor's answer
+        self._seen = 0  # store id of the last command checked for the user's
+        self._stopped = False
+        self._lock = threading.Lock()  # `owes` reads what the operator's thread changes
+        if self._pending:
+            self._store.add_event(
+                "replay",
+                "replay: the recorded operator's commands follow at their recorded points ("
+                + ", ".join(map(str, self._pending)) + "); a command of yours takes control",
+                {"commands": [command.kind for command in self._pending], "replay": True},
+            )
+            threading.Thread(target=self._main, name="recorded-operator", daemon=True).start()
+
+    def owes(self, step: int) -> bool:
+        """Whether a run must hold before `step`: the recorded operator gave its next command before the recorded
+        `step`, and it is still to be issued (the session takes it) or answered."""
+        with self._lock:
+            if self._stopped or not self._pending:
+                return False
+            command = self._pending[0]
+            if command.kind == "rollback" or command.after_step >= step:
+                return False
+            return self._in_flight is not None or self._due(command)
+
+    def _main(self) -> None:
+        while self._pending:
+            if self._user_took_control():
+                return
+            if self._in_flight is not None:
+                if self._store.command(self._in_flight)["state"] in ANSWERED:
+                    with self._lock:
+                        self._pending.pop(0)
+                        self._in_flight = None
+            elif self._due(self._pending[0]):
+                self._issue(self._pending[0])
+            time.sleep(TICK_S)
+
+    def _due(self, command: RecordedCommand) -> bool:
+        """Whether the replayed session has reached the command's point and takes it now."""
+        reached = command.kind == "rollback" or (self._store.last_step() or 0) >= command.after_step
+        return reached and takes(self._store.meta().get("state", "starting"), command.kind)
+
+    def _issue(self, command: RecordedCommand) -> None:
+        payload = signed(self._token, command.kind, {**command.payload, "recorded_command": command.id})
+        command_id = self._store.put_command(command.kind, payload)
+        with self._lock:
+            self._issued.add(command_id)
+            self._in_flight = command_id
+
+    def _user_took_control(self) -> bool:
+        for command in self._store.rows("commands", since_id=self._seen):
+            self._seen = command["id"]
+            if command["kind"] in USER_COMMANDS and command["id"] not in self._issued:
+                with self._lock:
+                    self._stopped = True
+                    not_replayed = self._pending[1:] if self._in_flight is not None else self._pending
+                self._store.add_event(
+                    "replay", TOOK_CONTROL,
+                    {"command": command["id"], "not_replayed": [str(c) for c in not_replayed], "replay": True},
+                )
+                return True
+        return False
+
+
 class ReplayRun(Run):
     """One run: a thread that plays recorded segments into the session's store (see the module docstring)."""
 
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
         resume_step: int | None, speed: float, crash_due: Callable[[int], bool],
-        directives: queue.Queue[tuple[str, dict[str, Any]]],
+        directives: queue.Queue[tuple[str, dict[str, Any]]], operator: RecordedOperator | None,
     ):
         self._store = store
         self._recording = recording
@@ -152,6 +314,7 @@ class ReplayRun(Run):
         self._speed = speed
         self._crash_due = crash_due
         self._directives = directives
+        self._operator = operator
         self._killed = threading.Event()
         self._exit_code: int | None = None
         # Recorded time `_position` has been played up to; `_clock` pairs a wall time with the recorded time it
@@ -206,27 +369,31 @@ class ReplayRun(Run):
         step = (self._resume_step or 0) + 1
         self._say(
             f"replay of {self._recording.dir}, speed {self._speed:g}: recorded segment {segment.id} "
-            f"from its step {segment.steps[index]['step']} as step {step}"
+            + (f"from its step {segment.steps[index]['step']} as step {step}" if segment.steps else "(it ran no step)")
         )
         # A new process goes through verl's startup first (the recorded one, however far in it resumes).
-        self._play_window(segment.started_at, segment.work_start(0))
-        self._store.add_event(
-            "started",
-            f"replay: recorded segment {segment.id} of {self._recording.name} ready at step {step} "
-            f"({self._speed:g}× real time)",
-            {"segment": self._segment_id, "first_step": step, "recorded_segment": segment.id, "replay": True},
-        )
-        self._store.set_meta(state="running")
+        self._play_window(segment.started_at, segment.ready_at)
+        if segment.steps:
+            self._store.add_event(
+                "started",
+                f"replay: recorded segment {segment.id} of {self._recording.name} ready at step {step} "
+                f"({self._speed:g}× real time)",
+                {"segment": self._segment_id, "first_step": step, "recorded_segment": segment.id, "replay": True},
+            )
+            self._store.set_meta(state="running")
         while index < len(segment.steps):
             row = segment.steps[index]
             self._play_window(segment.work_start(index), row["t"])
+            self._wait_for_recorded_operator(step)
+            # What arrived while the step ran takes effect at its boundary; what arrives later, at the next one.
+            arrived = self._take_directives()
             if self._crash_due(step):
                 raise InjectedReplayFault(
                     f"injected replay fault at step {step} (crash_at_step): a test of the crash path, not a verl failure"
                 )
             self._store.add_step(self._segment_id, step, row["metrics"])
             self._say(f"step {step}: recorded step {row['step']} of segment {segment.id}")
-            outcome = self._step_boundary(step)
+            outcome = self._step_boundary(step, arrived)
             if outcome == "exit":
                 return 0
             if isinstance(outcome, RecordedSegment):
@@ -234,11 +401,41 @@ class ReplayRun(Run):
             else:
                 index += 1
             step += 1
+        if segment.crash is not None:
+            self._play_window(self._position, segment.ended_at)  # what the recording shows until its run died
+            return self._recorded_crash(segment)
         self._store.add_event(
             "exiting", f"replay: the recording has no step after {step - 1} with this plan: the run ends",
             {"step": step - 1, "replay": True},
         )
         return 0
+
+    def _recorded_crash(self, segment: RecordedSegment) -> int:
+        """Write the recorded crash into the log and give its exit code: the supervisor's crash path reads them."""
+        crash = segment.crash
+        # The recorded supervisor found the OOM in log lines before the recorded tail, which the recording does not
+        # keep: the first line carries its verdict, in the words the supervisor's OOM scan looks for.
+        verdict = "; the recorded supervisor found it out of memory" if crash.oom else ""
+        self._say(
+            f"replay: the recorded crash of recorded segment {segment.id} of {self._recording.name} "
+            f"(exit code {crash.exit_code}{verdict}); its recorded traceback tail:"
+        )
+        self._say(crash.traceback_tail)
+        return crash.exit_code
+
+    def _wait_for_recorded_operator(self, step: int) -> None:
+        """Hold before `step` while the recorded operator owes a command it gave before the recorded one: its
+        directive must reach this boundary, as it did in the recording. The recording's clock stands still."""
+        while self._operator is not None and self._operator.owes(step):
+            self._clock = None
+            if self._killed.wait(TICK_S):
+                raise _Killed()
+
+    def _take_directives(self) -> list[tuple[str, dict[str, Any]]]:
+        taken = []
+        while not self._directives.empty():
+            taken.append(self._directives.get_nowait())
+        return taken
 
     def _play_window(self, start: float, end: float) -> None:
         """Write the recording's rows with start < t <= end, at `speed` recorded seconds per second, re-timed."""
@@ -264,16 +461,24 @@ class ReplayRun(Run):
         for worker in self._recording.rows_between("workers", start, end).to_dict("records"):
             self._store.add_worker(worker["pid"], worker["role"], worker["node"], self._segment_id)
         for event in self._recording.rows_between("events", start, end).to_dict("records"):
-            if event["kind"] not in OWN_EVENT_KINDS:
+            if not self._is_recorded_control(event):
                 self._store.add_event(event["kind"], event["text"], {**event["data"], "replayed": True}, t=wall(event["t"]))
 
+    def _is_recorded_control(self, event: dict[str, Any]) -> bool:
+        """Whether a recorded event is the recorded session's control, which this session does itself: its life
+        cycle always; its sampler switches (the answer to a telemetry command) when the recorded operator's commands
+        are re-issued, as this session's supervisor answers them again."""
+        if event["kind"] in OWN_EVENT_KINDS:
+            return True
+        return self._operator is not None and event["kind"] == "telemetry" and "sampler" in event["data"]
+
     # ----------------------------------------------------------------- the step boundary (as runner/trainer.py)
-    def _step_boundary(self, step: int) -> str | RecordedSegment | None:
-        """Execute the directives that arrived (waiting here while paused); "exit", a segment to switch to, or None."""
-        paused, outcome = False, None
+    def _step_boundary(self, step: int, arrived: list[tuple[str, dict[str, Any]]]) -> str | RecordedSegment | None:
+        """Execute the directives that arrived (and, while paused, those that arrive, waiting here); "exit", a
+        segment to switch to, or None."""
+        paused, outcome, directives = False, None, arrived
         while True:
-            while not self._directives.empty():
-                kind, payload = self._directives.get_nowait()
+            for kind, payload in directives:
                 try:
                     if kind == "runner.pause":
                         paused = True
@@ -302,6 +507,7 @@ class ReplayRun(Run):
             self._clock = None  # the recording's clock stands still while paused
             if self._killed.wait(TICK_S):
                 raise _Killed()
+            directives = self._take_directives()
 
     def _hot_apply(self, payload: dict[str, Any], step: int) -> RecordedSegment:
         plan = Plan.from_json(payload["plan_json"])
@@ -336,7 +542,10 @@ class ReplayRun(Run):
 class ReplayFactory:
     """The supervisor's run factory for a replayed session: `(segment_id, plan, env) -> ReplayRun`."""
 
-    def __init__(self, session_dir: Path, recording_dir: Path, speed: float = 1.0, crash_at_step: int | None = None):
+    def __init__(
+        self, session_dir: Path, recording_dir: Path, speed: float = 1.0, crash_at_step: int | None = None,
+        follow: bool = True,
+    ):
         if not speed > 0:
             raise ValueError(f"replay speed must be positive, got {speed}")
         self.session_dir = Path(session_dir)
@@ -347,6 +556,10 @@ class ReplayFactory:
         # Shared by the session's runs, like the store's command queue a live runner reads: a directive the
         # ending run did not take (sent while it checkpointed for a restart) goes to the next run.
         self.directives: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.operator = None
+        if follow:
+            token = (self.session_dir / TOKEN_FILE).read_text().strip()
+            self.operator = RecordedOperator(self.store, token, self.recording.operator_commands)
 
     def _crash_due(self, step: int) -> bool:
         # One injected fault per session: the run that a rollback launches must get past that step.
@@ -360,12 +573,16 @@ class ReplayFactory:
         resume_step = self.store.segment(segment_id)["resumed_from_step"]
         return ReplayRun(
             self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
-            self.directives,
+            self.directives, self.operator,
         )
 
 
 def replay_factory(
     session_dir: str | Path, recording_dir: str | Path, speed: float = 1.0, crash_at_step: int | None = None,
+    follow: bool = True,
 ) -> ReplayFactory:
-    """A run factory for `Supervisor(run_factory=...)` that plays `recording_dir` into `session_dir`."""
-    return ReplayFactory(Path(session_dir), Path(recording_dir), speed=speed, crash_at_step=crash_at_step)
+    """A run factory for `Supervisor(run_factory=...)` that plays `recording_dir` into `session_dir`; with
+    follow=True the recorded operator re-issues the recording's commands (it signs them with the session's token)."""
+    return ReplayFactory(
+        Path(session_dir), Path(recording_dir), speed=speed, crash_at_step=crash_at_step, follow=follow,
+    )

@@ -1,7 +1,7 @@
 """Session: what a notebook holds. A handle on a session directory whose supervisor process owns the run.
 
     s = Session.start(Plan.from_verl(overrides=[...]))   # live verl run on this machine's GPUs
-    s = Session.replay(recording_dir, speed=20)           # a recorded H200 session played back (no GPU needed)
+    s = Session.replay("h200-proof", speed=20)            # a recorded H200 session played back (no GPU needed)
     s = Session.attach(path_or_id)                         # from any kernel; read-only without the operator token
     s.apply({"actor_token_budget": 8192})                  # hot at the next step, or checkpoint -> restart -> resume
     s.steps(), s.samples(), s.events(), s.segments()      # pandas DataFrames
@@ -29,7 +29,7 @@ from .advisor import Finding, advise, findings_frame
 from .paths import resolve_session_dir, sessions_root
 from .plan import Plan, PlanError
 from .store import STORE_FILE, Store
-from .supervisor import TOKEN_FILE, signed
+from .supervisor import ANSWERED, TOKEN_FILE, signed
 
 ACTIVE_STATES = ("starting", "running", "paused", "restarting", "stopping")
 COMMAND_TIMEOUT_S = 30.0
@@ -105,19 +105,28 @@ class Session:
 
     @classmethod
     def replay(
-        cls, recording: str | os.PathLike, *, speed: float = 1.0, crash_at_step: int | None = None,
+        cls, recording: str | os.PathLike, *, speed: float = 1.0, follow: bool = True, crash_at_step: int | None = None,
         root: Path | None = None,
     ) -> "Session":
-        """Play a recorded session (a session directory) as a run: the no-GPU demo and the CPU test double."""
+        """Play a recorded session (a session directory, or the name of a bundled one) as a run: the no-GPU demo
+        and the CPU test double.
+
+        follow=True re-issues the recorded operator's commands (changes, telemetry, rollback, stop) where the
+        recording gave them, so the replay tells the whole recorded story; any command of yours takes control from
+        it for good. follow=False leaves every command to you."""
         recording = resolve_recording(recording)
         recorded = Store(recording, readonly=True)
         first = recorded.rows("segments")[0]
         recorded_meta = recorded.meta()
         # What the recording says about its machine (gpu_count, …) carries over; its life cycle does not.
         meta = {k: v for k, v in recorded_meta.items() if k not in ("state", "supervisor_pid", "initial_plan", "created")}
-        meta.update(kind="replay", recording=str(recording), recorded_at=recorded_meta.get("created"), speed=speed)
+        meta.update(
+            kind="replay", recording=str(recording), recorded_at=recorded_meta.get("created"), speed=speed, follow=follow,
+        )
         recorded.close()
         args = ["--replay", str(recording), "--speed", str(speed)]
+        if not follow:
+            args.append("--no-follow")
         if crash_at_step is not None:
             args += ["--crash-at-step", str(crash_at_step)]
         return cls._spawn(Plan.from_json(first["plan_json"]), name=f"replay-{recording.name}", root=root, meta=meta, args=args)
@@ -211,7 +220,7 @@ class Session:
         while time.time() < deadline:
             alive = self._supervisor_alive()  # before reading the command: it may answer, then exit
             cmd = self.store.command(command_id)
-            if cmd["state"] in ("done", "failed", "refused"):
+            if cmd["state"] in ANSWERED:
                 result = json.loads(cmd["result"]) if cmd["result"] else None
                 if cmd["state"] != "done":
                     raise RuntimeError(f"{kind} {cmd['state']}: {result}")
@@ -276,8 +285,8 @@ class Session:
         def reached(s: "Session") -> bool:
             if s.state in ("failed", "lost", "stopped", "finished"):
                 raise RuntimeError(f"session {s.id} is {s.state} before step {step}")
-            steps = s.store.rows("steps", since_id=max(0, s.store.max_id("steps") - 1))
-            return bool(steps) and steps[-1]["step"] >= step
+            last = s.store.last_step()
+            return last is not None and last >= step
 
         return self.wait_until(reached, timeout=timeout)
 

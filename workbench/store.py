@@ -247,6 +247,11 @@ class Store:
             df = pd.read_sql_query(f"SELECT * FROM {table} WHERE id > ? ORDER BY id", self._db, params=(since_id,))
         return _expand_json(table, df)
 
+    def last_step(self) -> int | None:
+        """The step of the newest step row (where the session stands), or None before its first step."""
+        rows = self._query("SELECT step FROM steps ORDER BY id DESC LIMIT 1")
+        return int(rows[0][0]) if rows else None
+
     def max_id(self, table: str) -> int:
         return int(self._query(f"SELECT COALESCE(MAX(id), 0) FROM {table}")[0][0])
 

@@ -37,6 +37,7 @@ STOP_GRACE_S = 120.0  # a stop waits for the step boundary this long before it k
 TOKEN_FILE = "operator.token"
 SIGNATURE_FIELDS = ("nonce", "signature")
 USER_COMMANDS = ("apply", "pause", "resume", "stop", "rollback", "telemetry")
+ANSWERED = ("done", "failed", "refused")  # the command states the supervisor leaves a command in
 TAIL_LINES = 60
 OOM_SCAN_LINES = 2000
 
@@ -458,12 +459,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=Path, help="play this recorded session instead of running verl")
     parser.add_argument("--speed", type=float, default=1.0, help="replay speed (2 = twice real time)")
     parser.add_argument("--crash-at-step", type=int, help="replay fault injection: crash at this step")
+    parser.add_argument(
+        "--no-follow", action="store_true",
+        help="replay without the recorded operator: none of the recording's commands are re-issued",
+    )
     args = parser.parse_args(argv)
     run_factory = None
     if args.replay is not None:
         from .replay import replay_factory
 
-        run_factory = replay_factory(args.session, args.replay, speed=args.speed, crash_at_step=args.crash_at_step)
+        run_factory = replay_factory(
+            args.session, args.replay, speed=args.speed, crash_at_step=args.crash_at_step, follow=not args.no_follow,
+        )
     supervisor = Supervisor(args.session, run_factory=run_factory)
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
