@@ -66,3 +66,23 @@ def test_empty_store_serves_no_values(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_session_serves_its_metrics_for_prometheus(home):
+    import time
+    import urllib.request
+
+    from workbench.session import Session
+
+    session = Session.replay("h200-lora-critic-sync", speed=100, follow=False, prometheus_port=0)
+    session.wait_for_step(2, timeout=120)
+    deadline = time.time() + 30
+    while "prometheus_url" not in session.meta and time.time() < deadline:
+        time.sleep(0.2)
+    url = session.meta["prometheus_url"]
+    assert url.startswith("http://127.0.0.1:")
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    assert 'workbench_gpu_utilization_percent{' in text
+    assert 'workbench_step_timing_seconds{phase="update_actor"}' in text
+    assert "workbench_step_throughput_tokens_per_second" in text
+    session.stop(now=True)

@@ -92,8 +92,13 @@ class Session:
 
     # ----------------------------------------------------------------- creating and finding sessions
     @classmethod
-    def start(cls, plan: Plan, *, name: str | None = None, root: Path | None = None) -> "Session":
-        """Validate the plan against this machine and start a live verl run under a new supervisor."""
+    def start(
+        cls, plan: Plan, *, name: str | None = None, root: Path | None = None, prometheus_port: int | None = None,
+    ) -> "Session":
+        """Validate the plan against this machine and start a live verl run under a new supervisor.
+
+        prometheus_port: also serve the session's metrics for Prometheus at http://127.0.0.1:PORT/metrics
+        (0 picks a free port; `session.meta["prometheus_url"]` says which)."""
         gpus = gpu_count()
         if not gpus:
             raise RuntimeError(
@@ -101,12 +106,13 @@ class Session:
                 "Use Session.replay(...) to explore a recorded H200 session instead."
             )
         plan.validate(gpu_count=gpus)
-        return cls._spawn(plan, name=name, root=root, meta={"kind": "live", "gpu_count": gpus}, args=[])
+        meta = {"kind": "live", "gpu_count": gpus, "prometheus_port": prometheus_port}
+        return cls._spawn(plan, name=name, root=root, meta=meta, args=[])
 
     @classmethod
     def replay(
         cls, recording: str | os.PathLike, *, speed: float = 1.0, follow: bool = True, crash_at_step: int | None = None,
-        root: Path | None = None,
+        root: Path | None = None, prometheus_port: int | None = None,
     ) -> "Session":
         """Play a recorded session (a session directory, or the name of a bundled one) as a run: the no-GPU demo
         and the CPU test double.
@@ -122,6 +128,7 @@ class Session:
         meta = {k: v for k, v in recorded_meta.items() if k not in ("state", "supervisor_pid", "initial_plan", "created")}
         meta.update(
             kind="replay", recording=str(recording), recorded_at=recorded_meta.get("created"), speed=speed, follow=follow,
+            prometheus_port=prometheus_port,
         )
         recorded.close()
         args = ["--replay", str(recording), "--speed", str(speed)]

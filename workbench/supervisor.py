@@ -203,12 +203,17 @@ class Supervisor:
             return
         if self.sampler is not None and self.sampler.poll() is None:
             return
-        log = open(self.dir / "logs" / "sampler.log", "ab")
-        self.sampler = subprocess.Popen(
-            [sys.executable, "-m", "workbench.telemetry.sampler", "--session", str(self.dir),
-             "--hz", os.environ.get("WORKBENCH_SAMPLER_HZ", "10"), "--gpus", ",".join(map(str, plan.workbench["gpus"]))],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
+        command = [sys.executable, "-m", "workbench.telemetry.sampler", "--session", str(self.dir),
+                   "--hz", os.environ.get("WORKBENCH_SAMPLER_HZ", "10")]
+        if plan.config.trainer.nnodes > 1:
+            # verl joins the Ray cluster at RAY_ADDRESS; the sampler puts one pinned actor on each of its nodes.
+            command += ["--cluster", os.environ.get("RAY_ADDRESS", "auto")]
+        else:
+            command += ["--gpus", ",".join(map(str, plan.workbench["gpus"]))]
+        with open(self.dir / "logs" / "sampler.log", "ab") as log:
+            self.sampler = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
 
     def _stop_sampler(self) -> None:
         if self.sampler is not None and self.sampler.poll() is None:
@@ -472,6 +477,14 @@ def main(argv: list[str] | None = None) -> int:
             args.session, args.replay, speed=args.speed, crash_at_step=args.crash_at_step, follow=not args.no_follow,
         )
     supervisor = Supervisor(args.session, run_factory=run_factory)
+    prometheus_port = supervisor.store.meta().get("prometheus_port")
+    if prometheus_port is not None:
+        from .telemetry.prometheus import serve
+
+        _, port = serve(supervisor.store, port=int(prometheus_port))
+        url = f"http://127.0.0.1:{port}/metrics"
+        supervisor.store.set_meta(prometheus_url=url)
+        supervisor.store.add_event("prometheus", f"metrics for Prometheus at {url}", {"url": url})
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
     supervisor.loop()

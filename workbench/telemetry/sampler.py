@@ -187,11 +187,29 @@ class Sampler:
 EXIT_NO_NVML = 3
 
 
+def _sample_cluster(store: Store, address: str, hz: float, stopping: threading.Event) -> int:
+    """One NodeSampler actor per node of a running Ray cluster (the one verl runs on), all into this store."""
+    import ray
+
+    from .cluster import ClusterSampler
+
+    ray.init(address=address, namespace="workbench-telemetry", log_to_driver=False)
+    sampler = ClusterSampler(store, hz=hz).start()
+    print(f"telemetry sampler: Ray cluster {address} at {hz} Hz into {store.path}", file=sys.stderr, flush=True)
+    while not stopping.wait(1.0):
+        pass
+    sampler.stop()
+    print(f"telemetry sampler stopped: {json.dumps(sampler.node_stats(), default=str)}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.telemetry.sampler", description="Sample this machine's GPUs into a session store until SIGTERM.")
     parser.add_argument("--session", required=True, help="session directory or id")
     parser.add_argument("--hz", type=float, default=10.0, help="samples per second (default 10)")
     parser.add_argument("--gpus", default=None, help="GPU indices, e.g. 0,1 (default: all)")
+    parser.add_argument("--cluster", metavar="RAY_ADDRESS",
+                        help="sample every node of this Ray cluster (one pinned actor per node) instead of this machine")
     args = parser.parse_args(argv)
 
     try:
@@ -199,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"telemetry sampler: {e}", file=sys.stderr)
         return 2
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    if args.cluster:
+        return _sample_cluster(store, args.cluster, args.hz, stopping)
     try:
         reader = NvmlReader(parse_gpu_list(args.gpus))
     except NvmlUnavailable as e:
@@ -206,9 +229,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"telemetry sampler: {e}", file=sys.stderr)
         return EXIT_NO_NVML
 
-    stopping = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopping.set())
     sampler = Sampler(store, reader, hz=args.hz).start()
     print(f"telemetry sampler: GPUs {reader.gpus()} at {args.hz} Hz into {store.path}", file=sys.stderr, flush=True)
     while not stopping.wait(1.0):  # a timed wait lets the signal handler run promptly
