@@ -72,3 +72,24 @@ def test_commands_are_signed_and_a_copied_signature_is_refused(tmp_path):
     tampered["changes"] = {"actor_token_budget": 10**9}
     assert not supervisor.is_from_operator("apply", tampered)
     assert not supervisor.is_from_operator("pause", {})
+
+
+def test_restart_environment_says_what_a_relaunch_cannot_carry_over(tmp_path):
+    from workbench.plan import Plan
+    from workbench.runner.runtime import ACTOR_HF_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
+    from workbench.supervisor import restart_environment
+
+    base = Plan.from_verl(["trainer.n_gpus_per_node=2"]).with_changes({"gpus": [0, 1]})
+    same_shape = base.with_changes({"trainer_mode": "colocate_async"})
+    assert restart_environment(base, same_shape, tmp_path, 12) == ({}, [])
+
+    lora = base.with_changes({"critic_lora_rank": 8})
+    env, losses = restart_environment(base, lora, tmp_path, 12)
+    assert env == {SKIP_CRITIC_RESUME_ENV: "1"}
+    assert "LoRA rank 0 → 8" in losses[0] and "actor, data position and step count are resumed" in losses[0]
+
+    critic_alone = base.with_changes({"critic_gpus": 1})  # the actor goes from 2 GPUs to 1
+    env, losses = restart_environment(base, critic_alone, tmp_path, 12)
+    assert env[ACTOR_HF_ENV] == str(tmp_path / "checkpoints" / "global_step_12" / "actor" / "huggingface")
+    assert env[STEP_OFFSET_ENV] == "12" and env[SKIP_CRITIC_RESUME_ENV] == "1"
+    assert "optimizer state, critic state, data position" in losses[-1]

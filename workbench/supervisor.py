@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 
 from .plan import Plan, PlanError
+from .runner.runtime import ACTOR_HF_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
 from .store import Store
 
 POLL_S = 0.25
@@ -405,7 +406,7 @@ def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint
     old_rank = previous.knob_values()["critic_lora_rank"]
     new_rank = new.knob_values()["critic_lora_rank"]
     if old_rank != new_rank:
-        env["WORKBENCH_SKIP_CRITIC_RESUME"] = "1"
+        env[SKIP_CRITIC_RESUME_ENV] = "1"
         losses.append(
             f"critic weights and optimizer state start afresh: the critic's architecture changed "
             f"(LoRA rank {old_rank} → {new_rank}); actor, data position and step count are resumed"
@@ -413,7 +414,7 @@ def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint
     if actor_world_size(previous) != actor_world_size(new) and checkpoint_step is not None:
         # FSDP shards are saved per rank: a different world size can only start from the exported HF weights.
         hf = session_dir / "checkpoints" / f"global_step_{checkpoint_step}" / "actor" / "huggingface"
-        env.update(WORKBENCH_ACTOR_HF=str(hf), WORKBENCH_STEP_OFFSET=str(checkpoint_step), WORKBENCH_SKIP_CRITIC_RESUME="1")
+        env.update({ACTOR_HF_ENV: str(hf), STEP_OFFSET_ENV: str(checkpoint_step), SKIP_CRITIC_RESUME_ENV: "1"})
         losses.append(
             f"the actor's GPU count changed ({actor_world_size(previous)} → {actor_world_size(new)}): FSDP shards can't "
             f"be resharded, so the run restarts from the step-{checkpoint_step} actor weights (HF export); lost: "
@@ -455,7 +456,7 @@ def machine_meta(plan: Plan) -> dict[str, Any]:
 
 def actor_world_size(plan: Plan) -> int:
     wb = plan.workbench
-    return len(wb["gpus"]) - wb.get("critic_gpus", 0) - wb.get("reward_gpus", 0)
+    return len(wb["gpus"]) - wb["critic_gpus"] - wb["reward_gpus"] - wb["rollout_gpus"]
 
 
 def main(argv: list[str] | None = None) -> int:

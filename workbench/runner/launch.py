@@ -18,9 +18,8 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from ..store import Store
-from .runtime import runtime_config
+from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, runtime_config
 from .task_runner import WorkbenchTaskRunner
-from .trainer import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV
 
 def run_segment(session_dir: Path, segment_id: int) -> None:
     from ..plan import Plan

@@ -11,7 +11,13 @@ from .worker_hooks import flash_attn_available
 
 SETUP_HOOK = "workbench.runner.worker_hooks.setup"
 CHECKPOINT_DIR = "checkpoints"
-ACTOR_HF_ENV = "WORKBENCH_ACTOR_HF"
+# How the supervisor tells a run (and, through Ray's runtime env, the trainer inside it) what to do.
+SESSION_ENV = "WORKBENCH_SESSION_DIR"
+SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
+CRITIC_GPUS_ENV = "WORKBENCH_CRITIC_GPUS"
+SKIP_CRITIC_RESUME_ENV = "WORKBENCH_SKIP_CRITIC_RESUME"  # the critic's architecture changed: start it afresh
+ACTOR_HF_ENV = "WORKBENCH_ACTOR_HF"  # the GPU count changed: start from these exported actor weights
+STEP_OFFSET_ENV = "WORKBENCH_STEP_OFFSET"  # steps already trained before a restart from HF weights
 
 
 def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, list[str]]:

@@ -24,12 +24,8 @@ from verl.single_controller.ray import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
 from ..store import Store
+from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
 
-SESSION_ENV = "WORKBENCH_SESSION_DIR"
-SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
-CRITIC_GPUS_ENV = "WORKBENCH_CRITIC_GPUS"
-SKIP_CRITIC_RESUME_ENV = "WORKBENCH_SKIP_CRITIC_RESUME"
-STEP_OFFSET_ENV = "WORKBENCH_STEP_OFFSET"  # steps already trained before a restart from HF weights
 PAUSE_POLL_S = 0.5
 
 # knob name -> (config path the trainer keeps live, worker call that reads it)
