@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,7 +46,6 @@ class ApplyResult:
     mode: str
     changes: dict[str, Any]
     command_id: int
-    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items())
