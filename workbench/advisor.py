@@ -170,7 +170,7 @@ class Measurements:
 
     @property
     def util_samples(self) -> pd.Series:
-        return pd.to_numeric(self.samples.get("util", pd.Series(dtype=float)), errors="coerce").dropna()
+        return self.samples.get("util", pd.Series(dtype=float)).dropna()
 
     @functools.cached_property
     def peak_memory_share(self) -> float:
@@ -562,7 +562,7 @@ def _inside_steps(samples: pd.DataFrame | None, steps: pd.DataFrame) -> pd.DataF
     (balance_frame groups by node, and a missing node would drop the row)."""
     if samples is None or samples.empty or "timing_s/step" not in steps:
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
-    t = pd.to_numeric(samples["t"], errors="coerce").to_numpy()
+    t = samples["t"].to_numpy()
     inside = np.zeros(len(samples), dtype=bool)
     for end, length in zip(steps["t"], pd.to_numeric(steps["timing_s/step"], errors="coerce")):
         inside |= (t >= end - length) & (t <= end)  # NaN lengths compare False: that step has no window

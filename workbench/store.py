@@ -267,8 +267,17 @@ class Store:
         return out
 
 
+# Measurement columns: a column a GPU never reported is all NULL, which pandas would read as object dtype of None.
+_FLOAT_COLUMNS = {
+    "samples": [c for c in SAMPLE_COLUMNS if c not in ("node", "gpu")],
+    "procs": ["t", "mem_used"],
+}
+
+
 def _expand_json(table: str, df: pd.DataFrame) -> pd.DataFrame:
-    if table == "steps":
+    if table in _FLOAT_COLUMNS:
+        df = df.astype({c: "float64" for c in _FLOAT_COLUMNS[table]})
+    elif table == "steps":
         metrics = pd.DataFrame([json.loads(s) for s in df.pop("metrics_json")], index=df.index)
         df = pd.concat([df, metrics.astype("float64", errors="ignore")], axis=1)
     elif table == "events":

@@ -173,8 +173,7 @@ class Supervisor:
         self.store.set_meta(state=state)
 
     def current_plan(self) -> Plan:
-        segment = self.store.segment(self.store.last_segment()["id"])
-        return Plan.from_json(segment["plan_json"])
+        return Plan.from_json(self.store.last_segment()["plan_json"])
 
     def _live_run(self, segment_id: int, plan: Plan, env: dict[str, str]) -> Run:
         return LiveRun(self.store, self.dir, segment_id, plan, env)

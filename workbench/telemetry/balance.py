@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .nvml import METRICS
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,6 @@ def balance_frame(samples: pd.DataFrame, t0: float | None = None, t1: float | No
         window = window[window["t"] >= t0]
     if t1 is not None:
         window = window[window["t"] <= t1]
-    # Store frames hold None (object dtype) in columns a GPU never reported; make every metric a float column.
-    window = window.assign(**{m: pd.to_numeric(window[m], errors="coerce") for m in METRICS if m in window})
     if "node" not in window:
         window = window.assign(node="")
     groups = window.groupby(["node", "gpu"], sort=True)
