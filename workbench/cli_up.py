@@ -1,8 +1,10 @@
-"""`verl-workbench up`: start a session and follow it — live verl on this machine's GPU, or a recorded H200 session.
+"""`verl-workbench up`: start a session and serve its dashboard — live verl on this machine's GPU, or a recorded
+H200 session in replay.
 
 With an NVIDIA GPU and vLLM installed it generates the offline assets (once) and starts a real verl PPO run on them;
-otherwise it replays a recording. Either way it prints each step and event as they land; Ctrl-C detaches and leaves
-the session running (attach again with `Session.attach(...)` or `verl-workbench up --attach ID`).
+otherwise it replays a recording (the page says so). It serves the Voila dashboard (cli_serve.py), prints an
+operator URL (with the operator token) and a viewer URL, and prints each step and event as they land. Ctrl-C or
+SIGTERM stops the server, its page kernels and the session it started (an attached session goes on).
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ import argparse
 import importlib.util
 import sys
 import time
+import webbrowser
 
+import psutil
+
+from .cli_serve import DEFAULT_PORT, DashboardServer, page_url, raise_on_sigterm
+from .control import ENDED_STATES, TOKEN_FILE
 from .paths import home
 
 FOLLOW_POLL_S = 0.5
@@ -19,12 +26,19 @@ DEFAULT_RECORDING = "h200-proof"
 
 
 def add_up_commands(subparsers) -> None:
-    up = subparsers.add_parser("up", help="start a session (live with a GPU, replay without) and follow it")
+    up = subparsers.add_parser("up", help="start a session (live with a GPU, replay without) and serve its dashboard")
     up.add_argument("--replay", metavar="RECORDING", help=f"replay this recording even with a GPU (default without one: {DEFAULT_RECORDING})")
     up.add_argument("--speed", type=float, default=10.0, help="replay speed (recorded seconds per second)")
-    up.add_argument("--attach", metavar="SESSION", help="follow an existing session instead of starting one")
-    up.add_argument("--for", dest="seconds", type=float, help="stop following after this many seconds")
-    up.add_argument("--steps", type=int, help="stop following after this many steps")
+    up.add_argument("--no-follow", action="store_true",
+                    help="replay without the recorded operator's changes: every command is yours")
+    up.add_argument("--attach", metavar="SESSION", help="serve an existing session instead of starting one")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"dashboard port (default {DEFAULT_PORT}; 0: a free one)")
+    up.add_argument("--ip", default="127.0.0.1",
+                    help="address the dashboard listens on (default loopback; 0.0.0.0 exposes it, token and all, over plain HTTP)")
+    up.add_argument("--no-browser", action="store_true", help="print the URLs without opening a browser")
+    up.add_argument("--no-dashboard", action="store_true", help="follow the session in the terminal only")
+    up.add_argument("--for", dest="seconds", type=float, help="end after this many seconds")
+    up.add_argument("--steps", type=int, help="end after this many steps")
     up.set_defaults(func=run_up)
 
 
@@ -55,16 +69,18 @@ def start_session(args):
         print(f"live verl session {session.id}: verl needs ~3 min to start", flush=True)
         return session
     recording = args.replay or DEFAULT_RECORDING
-    session = Session.replay(recording, speed=args.speed)
+    session = Session.replay(recording, speed=args.speed, follow=not args.no_follow)
     print(f"{why}: replaying the recorded H200 session '{recording}' at {args.speed:g}x (session {session.id})", flush=True)
     return session
 
 
-def follow(session, seconds: float | None = None, steps: int | None = None, out=None) -> int:
-    """Print steps and events as they land until the session ends, `seconds` pass or `steps` steps were seen."""
+def follow(session, seconds: float | None = None, steps: int | None = None, out=None, past_end: bool = False) -> int:
+    """Print steps and events as they land until the session ends (past_end: until Ctrl-C), `seconds` pass or
+    `steps` steps were seen."""
     out = out or sys.stdout
     step_id = event_id = 0
     seen = 0
+    ended = False
     deadline = time.time() + seconds if seconds else None
     while True:
         for event in session.store.rows("events", since_id=event_id):
@@ -81,20 +97,66 @@ def follow(session, seconds: float | None = None, steps: int | None = None, out=
                 file=out, flush=True,
             )
         state = session.state
-        if state in ("stopped", "finished", "failed", "lost") and session.store.max_id("events") == event_id:
+        if not ended and state in ENDED_STATES and session.store.max_id("events") == event_id:
+            ended = True
             print(f"session {session.id} is {state}", file=out, flush=True)
-            return 0 if state != "lost" else 1
+            if not past_end:
+                return 0 if state != "lost" else 1
+            print("the dashboard keeps serving it: Ctrl-C to end", file=out, flush=True)
         if (steps is not None and seen >= steps) or (deadline is not None and time.time() > deadline):
-            print(f"detached; the session goes on: Session.attach({session.id!r})", file=out, flush=True)
             return 0
         time.sleep(FOLLOW_POLL_S)
 
 
 def run_up(args: argparse.Namespace) -> int:
+    raise_on_sigterm()  # a SIGTERM cleans up the way Ctrl-C does
+    started_here = not args.attach
     session = start_session(args)
-    print(f"session directory: {session.dir}\nnotebook: from workbench.session import Session; s = Session.attach({session.id!r})", flush=True)
+    server = None
     try:
-        return follow(session, seconds=args.seconds, steps=args.steps)
+        print(f"session directory: {session.dir}", flush=True)
+        if not args.no_dashboard:
+            server = serve_dashboard(session, args)
+        return follow(session, seconds=args.seconds, steps=args.steps, past_end=server is not None)
     except KeyboardInterrupt:
-        print(f"\ndetached; the session goes on: Session.attach({session.id!r})")
+        print("\nending ...", flush=True)
         return 0
+    except (OSError, RuntimeError) as e:  # the dashboard could not start: say why in one line
+        print(f"\nverl-workbench up: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if server is not None:
+            server.stop()
+            print("dashboard server stopped", flush=True)
+        if started_here:
+            try:
+                session.stop(now=True)
+                supervisor = session.meta.get("supervisor_pid")
+                if supervisor is not None:  # its state says stopped a moment before its process ends
+                    psutil.wait_procs([psutil.Process(int(supervisor))], timeout=30)
+            except psutil.NoSuchProcess:
+                pass
+            except (RuntimeError, TimeoutError) as e:
+                print(f"stopping session {session.id}: {e}", file=sys.stderr, flush=True)
+            print(f"session {session.id} {session.state}; its data stays in {session.dir}", flush=True)
+        else:
+            print(f"session {session.id} goes on", flush=True)
+
+
+def serve_dashboard(session, args: argparse.Namespace) -> DashboardServer:
+    """Start Voila on the dashboard notebook and print the operator and viewer URLs of this session."""
+    print(f"starting the dashboard server (Voila) on {args.ip}:{args.port or 'a free port'} ...", end="", flush=True)
+    server = DashboardServer.start(ip=args.ip, port=args.port, log_dir=home() / "logs",
+                                   progress=lambda: print(".", end="", flush=True))
+    print(" ready", flush=True)
+    try:
+        token = (session.dir / TOKEN_FILE).read_text().strip()
+    except OSError:
+        token = None  # not this user's session: a viewer it is
+    viewer = page_url(server.base_url, session.id)
+    if token:
+        print(f"operator dashboard (controls the run; keep it private):\n  {page_url(server.base_url, session.id, token)}")
+    print(f"viewer dashboard (read-only):\n  {viewer}", flush=True)
+    if not args.no_browser:
+        webbrowser.open(page_url(server.base_url, session.id, token))
+    return server

@@ -1,0 +1,206 @@
+"""The dashboard server behind `verl-workbench up`: Voila serving notebooks/dashboard.ipynb for one session.
+
+The page finds its session in its URL: `?session=ID` (a viewer: every chart, controls disabled) plus
+`&operator=TOKEN` for the operator. A Voila kernel runs as the session's own OS user, so reading the token file proves
+nothing there: control comes from the URL alone. (The query key is not `token`: Voila reads that one for its own
+login.)
+
+Voila runs in its own process session, so a Ctrl-C in the terminal reaches `up` alone, and `up` ends Voila and the
+page kernels it started, in that order, leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psutil
+
+DASHBOARD_NOTEBOOK = "dashboard.ipynb"
+DEFAULT_PORT = 8866  # Voila's own default
+SESSION_KEY, OPERATOR_KEY = "session", "operator"
+# A page kernel whose page closed without saying so (a browser killed, a laptop lid shut) ends after this long idle.
+# A kernel with a page connected is never culled: its live-update task keeps it "idle" in Jupyter's eyes.
+CULL_IDLE_AFTER_S = 3600
+START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0
+
+
+def notebooks_dir() -> Path:
+    """The tutorials and the dashboard: the source checkout's notebooks/ (an editable install, a clone), else the
+    copy installed with the package (pyproject's data-files: <prefix>/share/verl-workbench/notebooks)."""
+    candidates = [
+        Path(__file__).resolve().parents[1] / "notebooks",
+        Path(sysconfig.get_path("data")) / "share" / "verl-workbench" / "notebooks",
+        Path(sys.prefix) / "share" / "verl-workbench" / "notebooks",
+    ]
+    for candidate in candidates:
+        if (candidate / DASHBOARD_NOTEBOOK).exists():
+            return candidate
+    raise FileNotFoundError(
+        f"{DASHBOARD_NOTEBOOK} not found in {' or '.join(map(str, candidates))}: reinstall verl-workbench "
+        "(bash scripts/setup.sh)"
+    )
+
+
+def page_url(base_url: str, session_id: str, token: str | None = None) -> str:
+    """The dashboard page of a session: the operator's with the token, a viewer's without."""
+    query = {SESSION_KEY: session_id}
+    if token:
+        query[OPERATOR_KEY] = token
+    return f"{base_url}?{urlencode(query)}"
+
+
+def free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def _port_taken(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return True
+    return False
+
+
+def display_host(ip: str) -> str:
+    """The host a browser should use: the bound address, or this machine's name when bound to all interfaces."""
+    if ip in ("", "0.0.0.0", "::"):
+        return socket.gethostname()
+    return f"[{ip}]" if ":" in ip else ip
+
+
+@dataclass
+class DashboardServer:
+    """A running Voila server (its own process session) serving the dashboard notebook at base_url."""
+
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+
+    @classmethod
+    def start(cls, *, ip: str = "127.0.0.1", port: int | None = DEFAULT_PORT, log_dir: Path,
+              notebook: Path | None = None, timeout: float = START_TIMEOUT_S, progress=None) -> "DashboardServer":
+        """Start Voila on ip:port (port 0 or None: a free one) and wait until it answers.
+
+        The port is given to Voila with no retries, so the printed URL is the one it serves: a taken port is an
+        error in words, not a server somewhere else."""
+        notebook = notebook or notebooks_dir() / DASHBOARD_NOTEBOOK
+        if not port:
+            port = free_port(ip)
+        elif _port_taken(ip, port):
+            raise OSError(f"port {port} on {ip} is in use: pick another with --port N (or --port 0 for a free one)")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / "voila.log"
+        command = [
+            sys.executable, "-m", "voila", str(notebook), "--no-browser",
+            f"--Voila.ip={ip}", f"--Voila.port={port}", "--Voila.port_retries=0",
+            "--show_tracebacks=True",
+            f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_AFTER_S}",
+            "--MappingKernelManager.cull_interval=300",
+            "--MappingKernelManager.cull_connected=False",
+            "--MappingKernelManager.cull_busy=False",
+        ]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command, cwd=notebook.parent, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        server = cls(process, f"http://{display_host(ip)}:{port}/", log_path)
+        try:
+            server._wait_ready(f"http://{'127.0.0.1' if ip in ('', '0.0.0.0') else display_host(ip)}:{port}/", timeout, progress)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait_ready(self, probe_base: str, timeout: float, progress) -> None:
+        # A static file answers once the server listens, without starting a page kernel.
+        probe = probe_base + "voila/static/voila.js"
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the dashboard server (Voila) exited with code {self.process.returncode}: "
+                                   f"see {self.log_path}\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(probe, timeout=2):
+                    return
+            except urllib.error.HTTPError:
+                return  # it answers (a 404 for the probe file is an answer too)
+            except (urllib.error.URLError, OSError):
+                if progress:
+                    progress()
+                time.sleep(0.5)
+        raise TimeoutError(f"the dashboard server (Voila) did not answer within {timeout:.0f} s: see {self.log_path}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def processes(self) -> list[psutil.Process]:
+        """Voila and everything it started (page kernels sit in process sessions of their own)."""
+        try:
+            parent = psutil.Process(self.process.pid)
+            return [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """End Voila (it shuts its kernels down), then whatever of its tree is left."""
+        procs = self.processes()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        alive = [p for p in procs if _running(p)]
+        for p in alive:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def raise_on_sigterm() -> None:
+    """Make SIGTERM end `up` the way Ctrl-C does (KeyboardInterrupt), so the same clean-up runs."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+__all__ = ["DashboardServer", "page_url", "notebooks_dir", "DEFAULT_PORT", "SESSION_KEY", "OPERATOR_KEY",
+           "raise_on_sigterm"]
