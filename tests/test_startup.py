@@ -1,0 +1,80 @@
+"""workbench.startup on real H200 logs (tests/data/startup/README.md says where each comes from)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench.startup import COLUMNS, launches, parse_startup, read_log, summary
+
+DATA = Path(__file__).parent / "data" / "startup"
+UTC = timezone.utc
+
+
+def log(name: str) -> str:
+    return read_log(DATA / name)
+
+
+def test_cold_start_at_info_level_has_every_phase_in_order():
+    phases = parse_startup(log("h200_run_2026-11-30_log.txt.gz"), tz=UTC)
+    assert list(phases.columns) == COLUMNS
+    names = list(phases["phase"])
+    for expected in ("Ray start", "TaskRunner, TransferQueue, dataloader", "critic worker: model + FSDP",
+                     "actor/ref worker: model + FSDP", "vLLM server: process, imports, config", "vLLM engine core spawn",
+                     "vLLM model load", "vLLM memory profiling (KV cache size)", "trainer ready"):
+        assert expected in names
+    assert names.index("critic worker: model + FSDP") < names.index("vLLM engine core spawn") < names.index("trainer ready")
+    assert (phases["seconds"] >= 0).all()
+    assert phases["start"].is_monotonic_increasing
+    # Figures read by hand from the log's own stamps: Ray up 16:26:28.359, dataloader 16:27:04.546, vLLM server
+    # resolved its config at 16:28:26, engine core started 16:28:47.
+    by = phases.set_index("phase")["seconds"]
+    assert by["TaskRunner, TransferQueue, dataloader"] == pytest.approx(36.19, abs=0.01)
+    assert by["vLLM engine core spawn"] == pytest.approx(21.0)
+    assert abs(phases["start"].iloc[0] - pd.Timestamp("2026-11-30 16:26:24.586", tz="UTC")) < pd.Timedelta("1ms")
+
+
+def test_first_step_end_estimate_agrees_with_the_watcher():
+    phases = parse_startup(log("h200_run_2026-11-30_log.txt.gz"), tz=UTC)
+    last = phases.iloc[-1]
+    assert last["phase"].startswith("first step: generation + training (step 1, verl timing 30.4 s")
+    assert last["source"] == "estimate"
+    landed = [float(x.split()[2]) for x in (DATA / "h200_run_2026-11-30_timeline.txt").read_text().splitlines()
+              if x.startswith("T_metrics_line 1 ")][0]
+    assert abs(last["end"].timestamp() - landed) < 2.0  # the watcher polled once a second
+
+
+def test_warn_level_vllm_shows_as_one_engine_phase_and_graph_bars():
+    phases = parse_startup(log("h200_quickstart_2026-12-01_log.txt.gz"), tz=UTC)
+    names = list(phases["phase"])
+    assert any(n.startswith("vLLM engine: spawn, load, compile") for n in names)
+    assert "vLLM engine core spawn" not in names
+    assert set(phases.attrs["cuda_graph_bars_s"]) == {"mixed prefill-decode, PIECEWISE", "decode, FULL"}
+    s = summary(phases)
+    assert 140 < s["to_ready_s"] < 150  # Ray 07:13:50.751 -> ready to fit 07:16:17.331
+    assert s["total_s"] > s["to_ready_s"]
+
+
+def test_resumed_segment_with_store_times():
+    launched = datetime(2026, 11, 30, 18, 22, 3, 289345, tzinfo=UTC).timestamp()
+    first_step = datetime(2026, 11, 30, 18, 25, 1, 939890, tzinfo=UTC).timestamp()
+    phases = parse_startup(log("h200_proof_segment3_resumed.log.gz"), launched_at=launched, first_step_end=first_step, tz=UTC)
+    assert phases["phase"].iloc[0] == "python imports, config validation"
+    assert phases["seconds"].iloc[0] == pytest.approx(11.23, abs=0.01)  # launch -> Ray's first line 18:22:14.524
+    assert "resume: load checkpoint" in set(phases["phase"])
+    assert phases.iloc[-1]["source"] == "store"
+    assert phases.iloc[-1]["phase"].startswith("first step: generation + training (step 14")
+    assert summary(phases)["total_s"] == pytest.approx(first_step - launched, abs=0.1)
+
+
+def test_relaunches_in_one_log_are_split_and_empty_text_is_empty():
+    text = log("h200_run_2026-11-30_log.txt.gz")
+    assert len(launches(text + "\n" + text)) == 2
+    a = parse_startup(text, tz=UTC)
+    b = parse_startup(text + "\n" + text, tz=UTC, launch=0)
+    pd.testing.assert_frame_equal(a, b)
+    assert parse_startup("", tz=UTC).empty
+    assert summary(parse_startup("no timestamps here\n", tz=UTC))["total_s"] is None
