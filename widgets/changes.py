@@ -1,0 +1,289 @@
+"""Knobs, pending changes and Apply: editors generated from the knob table, the pending changes as a diff
+(`Session.preview`, nothing queued) with what Apply will do, then Apply and its progress, followed through the
+ApplyResult handle and the session's events (hot: at the next step; restart: checkpoint → relaunch → verl start-up
+→ first resumed step). A refused change marks the offending editors with their messages.
+
+The placement group's editors are shown by the device planner (placement.py) but edited into the same pending set.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipywidgets as W
+import pandas as pd
+
+from workbench.plan import PlanError
+
+from .common import READ_ONLY_REASON, Context, assign, esc, heading, table
+from .knob_editor import KnobEditor, as_text, plain
+
+FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
+PLACEMENT_GROUP = "placement"
+PLAN_KEY = "plan"  # problems not tied to one knob
+HOT_WORDS = "hot: the runner applies it at the next step boundary, no restart"
+RESTART_WORDS = ("restart: checkpoint at the next step boundary → relaunch verl with the new plan → verl start-up "
+                 "(~3–4 min on an H200) → resume from the checkpoint")
+# A restart's stages and the event that marks each one done (events newer than the Apply press).
+RESTART_STAGES = (
+    ("checkpoint", "checkpoint at the step boundary"),
+    ("launched", "relaunch verl with the new plan"),
+    ("started", "verl start-up (Ray, models, rollout engine)"),
+    ("resumed", "first resumed step"),
+)
+HOT_STAGES = (("accepted", "accepted by the supervisor"), ("applied", "in force from the next step"))
+FAILED_STATES = ("refused", "not_applied")
+
+
+@dataclass
+class Tracked:
+    """An Apply in flight (or the last one), followed until its handle says done."""
+
+    handle: Any
+    label: str
+    pressed_at: float = field(default_factory=time.time)
+    problems: dict[str, str] = field(default_factory=dict)
+    done: bool = False
+
+
+def _problems_of(error: Exception) -> dict[str, str]:
+    problems = getattr(error, "problems", None)
+    if isinstance(problems, dict):
+        return {str(k): str(v) for k, v in problems.items()}
+    if isinstance(problems, (list, tuple)):
+        return {PLAN_KEY: "; ".join(map(str, problems))}
+    return {PLAN_KEY: str(error)}
+
+
+def _stage_list(stages, done_names: set[str], failed: bool = False) -> str:
+    items, now_marked = [], False
+    for name, words in stages:
+        if name in done_names:
+            css, mark = "wb-done", "✓"
+        elif not now_marked and not failed:
+            css, mark, now_marked = "wb-now", "…", True
+        else:
+            css, mark = "wb-todo", "·"
+        items.append(f"<li class='{css}' data-stage='{name}'>{mark} {html.escape(words)}</li>")
+    return f"<ol class='wb-progress'>{''.join(items)}</ol>"
+
+
+class ChangesPanel:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.editors: dict[str, KnobEditor] = {}
+        self.preview = None
+        self.parse_errors: dict[str, str] = {}
+        self.tracked: Tracked | None = None
+        self._operator_shown: bool | None = None  # editors' enabled state follows this (a token may unlock them)
+        self.featured = W.VBox(_dom_classes=["wb-knob-groups"])
+        self.more = W.Accordion(_dom_classes=["wb-more-knobs"])
+        self.placement_editors = W.VBox(_dom_classes=["wb-placement-knobs"])  # shown by the device planner
+        self.diff = W.HTML("<span class='wb-muted'>No pending changes.</span>", _dom_classes=["wb-diff"])
+        self.apply_button = W.Button(description="Apply", button_style="primary", disabled=True,
+                                     _dom_classes=["wb-apply"])
+        self.discard_button = W.Button(description="Discard", disabled=True, _dom_classes=["wb-discard"])
+        self.apply_button.on_click(lambda _: self.apply())
+        self.discard_button.on_click(lambda _: self.discard())
+        self.progress = W.HTML(_dom_classes=["wb-apply-progress"])
+        self.widget = W.VBox(
+            [heading("Knobs"), self.featured, self.more, heading("Pending changes"), self.diff,
+             W.HBox([self.apply_button, self.discard_button]), self.progress],
+            _dom_classes=["wb-changes"],
+        )
+
+    # ----------------------------------------------------------------- editors from the knob table
+    def _build(self, knob_table: pd.DataFrame, gpu_count: int | None) -> None:
+        rows = knob_table.to_dict("records")
+        for row in rows:
+            self.editors[row["name"]] = KnobEditor(row, self._edited, gpu_count=gpu_count)
+        self._operator_shown = None
+        groups: dict[str, list[W.Widget]] = {}
+        for row in rows:
+            groups.setdefault(row["group"], []).append(self.editors[row["name"]].widget)
+        self.placement_editors.children = groups.pop(PLACEMENT_GROUP, [])
+        featured = []
+        for group in FEATURED_GROUPS:
+            if group in groups:
+                featured += [W.HTML(f"<b>{html.escape(group)}</b>"), *groups.pop(group)]
+        self.featured.children = featured
+        self.more.children = [W.VBox(children) for children in groups.values()]
+        for i, group in enumerate(groups):
+            self.more.set_title(i, group)
+
+    def _sync(self, knob_table: pd.DataFrame) -> bool:
+        """Follow the plan in force: editors whose knob's value or relevance changed show the new state."""
+        moved = False
+        for row in knob_table.to_dict("records"):
+            editor = self.editors.get(row["name"])
+            if editor is None:
+                continue
+            if plain(row["value"]) != editor.current or bool(row.get("relevant", True)) != editor.relevant:
+                editor.set_current(row)
+                moved = True
+        return moved
+
+    # ----------------------------------------------------------------- pending changes
+    def pending(self) -> dict[str, Any]:
+        """The edited knobs whose values differ from the plan in force (text that doesn't parse is left out)."""
+        with self.ctx.lock:
+            changes, self.parse_errors = {}, {}
+            for name, editor in self.editors.items():
+                value, error = editor.read()
+                if error is not None:
+                    self.parse_errors[name] = error
+                elif value != editor.current:
+                    changes[name] = value
+            return changes
+
+    def _edited(self, _name: str | None = None) -> None:
+        with self.ctx.lock:
+            changes = self.pending()
+            self.preview = self.ctx.session.preview(changes) if changes else None
+            self._mark()
+            self._render_diff()
+
+    def _mark(self, extra: dict[str, str] | None = None) -> None:
+        problems = dict(getattr(self.preview, "problems", None) or {})
+        warnings = dict(getattr(self.preview, "warnings", None) or {})
+        problems.update(self.parse_errors)
+        problems.update(extra or {})
+        for name, editor in self.editors.items():
+            editor.mark(problems.get(name, ""), warnings.get(name, ""))
+
+    def _render_diff(self, note: str = "") -> None:
+        p = self.preview
+        parts = []
+        if p is not None and p.diff:
+            parts.append(table(["knob", "before", "after", "apply"],
+                               [(d["knob"], as_text("", plain(d["before"])), as_text("", plain(d["after"])),
+                                 d["apply"]) for d in p.diff], css="wb-table wb-diff-table"))
+        if p is not None and p.ok:
+            words = HOT_WORDS if p.mode == "hot" else RESTART_WORDS
+            parts.append(f"<div class='wb-will'>Apply will do — {html.escape(words)}</div>")
+            for knob, text in (p.warnings or {}).items():
+                parts.append(f"<div class='wb-warning'>{esc(knob)}: {esc(text)}</div>")
+        problems = dict(getattr(p, "problems", None) or {})
+        problems.update(self.parse_errors)
+        if problems:
+            parts.append("<div class='wb-problem'>Nothing can be applied until this is fixed:<ul>"
+                         + "".join(f"<li>{esc(k)}: {esc(v)}</li>" for k, v in problems.items()) + "</ul></div>")
+        if not parts:
+            parts.append("<span class='wb-muted'>No pending changes.</span>")
+        if note:
+            parts.append(f"<div class='wb-problem'>{html.escape(note)}</div>")
+        assign(self.diff, value="".join(parts))
+        self._enable()
+
+    def _enable(self) -> None:
+        operator = self.ctx.operator
+        in_flight = self.tracked is not None and not self.tracked.done
+        p = self.preview
+        ready = p is not None and p.ok and not self.parse_errors
+        why = (READ_ONLY_REASON if not operator else "a change is being applied" if in_flight
+               else "" if ready else "no valid pending change")
+        assign(self.apply_button, disabled=bool(why), tooltip=why)
+        assign(self.discard_button, disabled=not operator or (p is None and not self.parse_errors))
+        if operator != self._operator_shown:
+            for editor in self.editors.values():
+                editor.set_enabled(operator, READ_ONLY_REASON)
+            self._operator_shown = operator
+
+    # ----------------------------------------------------------------- apply
+    def apply(self) -> Any:
+        """Apply the pending changes (the Apply button). Returns the ApplyResult handle, or None if refused here."""
+        with self.ctx.lock:
+            changes = self.pending()
+            if not changes or self.parse_errors:
+                self._edited()
+                return None
+            try:
+                handle = self.ctx.session.apply(changes, wait=False)
+            except PlanError as error:
+                self.preview = None
+                self._mark(_problems_of(error))
+                self._render_diff(note=f"refused: {error}")
+                return None
+            except Exception as error:  # read-only, supervisor gone, …: said in words at the button
+                self._render_diff(note=f"not applied: {error}")
+                return None
+            self.track(handle, "your change")
+            return handle
+
+    def apply_changes(self, changes: dict[str, Any], label: str) -> Any:
+        """Apply a change someone else proposes (the advisor): through the same progress display."""
+        handle = self.ctx.session.apply(changes, wait=False)
+        self.track(handle, label)
+        return handle
+
+    def track(self, handle: Any, label: str) -> None:
+        with self.ctx.lock:
+            self.tracked = Tracked(handle, label)
+            self.progress.value = f"<b>{html.escape(label)}</b>: {html.escape(str(handle.message))}"
+            self._enable()
+
+    def discard(self) -> None:
+        with self.ctx.lock:
+            for editor in self.editors.values():
+                editor.reset()
+            self.preview, self.parse_errors = None, {}
+            self._render_diff()
+
+    # ----------------------------------------------------------------- update loop
+    def prepare(self, feed, news):
+        with self.ctx.lock:
+            tracked = self.tracked
+        progress = None
+        if tracked is not None and not tracked.done:
+            handle = tracked.handle.refresh()
+            progress = self._progress(tracked, handle, feed.events)
+        knobs = feed.knob_table if "knobs" in news or not self.editors else None
+        return knobs, progress, feed.meta.get("gpu_count")
+
+    def _progress(self, tracked: Tracked, handle, events: pd.DataFrame) -> tuple[str, dict[str, str], bool]:
+        state = handle.state
+        failed = state in FAILED_STATES
+        since = events[events["t"] >= tracked.pressed_at - 1.0] if len(events) else events
+        kinds = set(since["kind"]) if len(since) else set()
+        if handle.mode == "restart":
+            done = {name for name, _ in RESTART_STAGES if name in kinds}
+            if state == "resumed":
+                done |= {name for name, _ in RESTART_STAGES}
+            stages = _stage_list(RESTART_STAGES, done, failed)
+            lost = since[since["kind"] == "not_resumed"]["text"].tolist() if len(since) else []
+            latest = since.iloc[-1]["text"] if len(since) and not handle.done else ""
+        else:
+            done = {"accepted"} if state in ("accepted", "applied") else set()
+            done |= {"applied"} if state == "applied" else set()
+            stages = _stage_list(HOT_STAGES, done, failed)
+            lost, latest = [], ""
+        step = f" (in force from step {handle.step})" if handle.step is not None else ""
+        markup = (f"<b>{html.escape(tracked.label)}</b> — {html.escape(str(state))}{html.escape(step)}: "
+                  f"{html.escape(str(handle.message))}{stages}"
+                  + "".join(f"<div class='wb-warning'>{html.escape(t)}</div>" for t in lost)
+                  + (f"<div class='wb-muted'>latest: {html.escape(str(latest))}</div>" if latest else ""))
+        problems = {str(k): str(v) for k, v in (handle.problems or {}).items()}
+        return markup, problems, bool(handle.done)
+
+    def show(self, payload) -> None:
+        knobs, progress, gpu_count = payload
+        with self.ctx.lock:
+            if knobs is not None and len(knobs):
+                if not self.editors:
+                    self._build(knobs, gpu_count)
+                    self._render_diff()
+                elif self._sync(knobs):
+                    self._edited()
+            if progress is not None and self.tracked is not None:
+                markup, problems, done = progress
+                assign(self.progress, value=markup)
+                if problems:
+                    self._mark(problems)
+                if done and not self.tracked.done:
+                    self.tracked.done = True
+                    self._enable()
+            if knobs is None and progress is None:
+                self._enable()

@@ -1,0 +1,198 @@
+"""One editor widget per knob, generated from a row of `Session.knob_table()` (never written by hand per knob).
+
+The control follows the knob's kind: a slider for numbers with a range (open-ended ranges get a slider up to a
+power of two well above the current value), a checkbox for bools, toggle buttons for choices, one toggle per GPU
+for a GPU set, and a text field (parsed by the knob's own parser) for names, lists and environment variables.
+Each editor shows the knob's apply class (hot / restart), why it is off where it is irrelevant, and the problem
+or warning a preview found for it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Callable
+
+import ipywidgets as W
+import numpy as np
+
+from workbench.knobs import KNOBS
+
+TEXT_KINDS = ("str", "env")
+SLIDER_WIDTH = "340px"
+
+
+def plain(value: Any) -> Any:
+    """A knob-table cell as plain Python (numpy scalars and arrays from pandas become int/float/list)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def as_text(kind: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if kind == "env":
+        return "; ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def _bound(value: Any) -> float | None:
+    value = plain(value)
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
+
+
+class KnobEditor:
+    def __init__(self, row: dict[str, Any], on_change: Callable[[str], None], gpu_count: int | None = None):
+        self.name = row["name"]
+        self.kind = row["kind"]
+        self.apply = row["apply"]
+        self.nullable = KNOBS[self.name].nullable if self.name in KNOBS else False
+        self._on_change = on_change
+        self._quiet = False
+        self.current = plain(row["value"])
+        self.control = self._make_control(row, gpu_count)
+        self.label = W.HTML(
+            f"<span title='{html.escape(str(row.get('help', '')))}'>{html.escape(self.name)}</span> "
+            f"<span class='wb-badge wb-badge-{html.escape(self.apply)}'>{html.escape(self.apply)}</span>",
+            layout=W.Layout(width="230px"),
+        )
+        self.message = W.HTML(_dom_classes=["wb-knob-message"])
+        self.widget = W.HBox([self.label, self.control, self.message],
+                             _dom_classes=["wb-knob", f"wb-knob-{self.name}"])
+        self.widget.layout.align_items = "center"
+        self.relevant = bool(row.get("relevant", True))
+        self.why_irrelevant = str(row.get("why_irrelevant") or "")
+        self._marks: tuple[str, str] = ("", "")
+        self._render_message()
+
+    # ----------------------------------------------------------------- building
+    def _make_control(self, row: dict[str, Any], gpu_count: int | None) -> W.Widget:
+        value, default = self.current, plain(row.get("default"))
+        low, high = _bound(row.get("min")), _bound(row.get("max"))
+        common = dict(continuous_update=False, layout=W.Layout(width=SLIDER_WIDTH))
+        if self.kind == "int" and not self.nullable:
+            low = int(low) if low is not None else 0
+            if high is None:
+                top = max(abs(v) for v in (value, default, low, 4) if isinstance(v, (int, float)))
+                high = 2 ** math.ceil(math.log2(4 * top))
+            widget = W.IntSlider(value=value if value is not None else low, min=low, max=int(high), **common)
+        elif self.kind == "float" and low is not None and high is not None:
+            widget = W.FloatSlider(value=value if value is not None else low, min=low, max=high, step=0.01,
+                                   readout_format=".2f", **common)
+        elif self.kind == "bool":
+            widget = W.Checkbox(value=bool(value), indent=False, layout=W.Layout(width="auto"))
+        elif self.kind == "choice":
+            choices = list(plain(row.get("choices")) or [])
+            widget = W.ToggleButtons(options=choices, value=value if value in choices else None,
+                                     style={"button_width": "auto"})
+        elif self.kind == "gpus":
+            count = max([gpu_count or 0] + [i + 1 for i in (value or [])])
+            self._gpu_buttons = [
+                W.ToggleButton(value=i in (value or []), description=f"GPU {i}", layout=W.Layout(width="auto"))
+                for i in range(count)
+            ]
+            for button in self._gpu_buttons:
+                button.observe(self._changed, "value")
+            return W.HBox(self._gpu_buttons)
+        else:  # text: names, lists, environment variables, nullable numbers, unbounded floats
+            placeholder = "unset (verl's default)" if self.nullable else ""
+            widget = W.Text(value=as_text(self.kind, value), placeholder=placeholder, continuous_update=False,
+                            layout=W.Layout(width=SLIDER_WIDTH))
+        widget.observe(self._changed, "value")
+        return widget
+
+    def _changed(self, _change) -> None:
+        if not self._quiet:
+            self._on_change(self.name)
+
+    # ----------------------------------------------------------------- reading and setting
+    def read(self) -> tuple[Any, str | None]:
+        """(value, None), or (None, why) when the text in the control is not a value of this knob."""
+        if self.kind == "gpus":
+            return [i for i, b in enumerate(self._gpu_buttons) if b.value], None
+        value = self.control.value
+        if isinstance(self.control, W.Text):
+            try:
+                return KNOBS[self.name].parse(value), None
+            except ValueError as error:
+                return None, str(error)
+        return value, None
+
+    def is_changed(self) -> bool:
+        value, error = self.read()
+        return error is not None or value != self.current
+
+    def set_current(self, row: dict[str, Any]) -> None:
+        """The plan in force changed (or a refresh): show its value and relevance, dropping any edit."""
+        self.current = plain(row["value"])
+        self.relevant = bool(row.get("relevant", True))
+        self.why_irrelevant = str(row.get("why_irrelevant") or "")
+        self.reset()
+
+    def reset(self) -> None:
+        self._quiet = True
+        try:
+            if self.kind == "gpus":
+                for i, button in enumerate(self._gpu_buttons):
+                    button.value = i in (self.current or [])
+            elif isinstance(self.control, W.Text):
+                self.control.value = as_text(self.kind, self.current)
+            elif isinstance(self.control, (W.IntSlider, W.FloatSlider)):
+                if self.current is not None and self.current > self.control.max:
+                    self.control.max = type(self.control.max)(2 ** math.ceil(math.log2(4 * self.current)))
+                self.control.value = self.current if self.current is not None else self.control.min
+            else:
+                self.control.value = self.current
+        finally:
+            self._quiet = False
+        self.mark()
+
+    def set_enabled(self, operator: bool, read_only_reason: str) -> None:
+        enabled = operator and self.relevant
+        controls = self._gpu_buttons if self.kind == "gpus" else [self.control]
+        for control in controls:
+            if control.disabled == enabled:
+                control.disabled = not enabled
+        self._read_only_reason = "" if operator else read_only_reason
+        self._render_message()
+
+    def mark(self, problem: str = "", warning: str = "") -> None:
+        """Show a preview's verdict on this knob (empty strings clear it)."""
+        self._marks = (problem, warning)
+        bad = "wb-knob-bad"
+        classes = tuple(c for c in self.widget._dom_classes if c != bad) + ((bad,) if problem else ())
+        if classes != tuple(self.widget._dom_classes):
+            self.widget._dom_classes = classes
+        self._render_message()
+
+    @property
+    def problem(self) -> str:
+        return self._marks[0]
+
+    def _render_message(self) -> None:
+        problem, warning = self._marks
+        if problem:
+            text, css = problem, "wb-problem"
+        elif warning:
+            text, css = warning, "wb-warning"
+        elif not self.relevant:
+            text, css = f"off: {self.why_irrelevant}", "wb-why"
+        elif getattr(self, "_read_only_reason", ""):
+            text, css = "", "wb-why"
+        else:
+            value, error = self.read()
+            text = f"pending: {as_text(self.kind, self.current)} → {as_text(self.kind, value)}" \
+                if error is None and value != self.current else ""
+            css = "wb-changed"
+        markup = f"<span class='{css}'>{html.escape(text)}</span>" if text else ""
+        if self.message.value != markup:
+            self.message.value = markup

@@ -1,0 +1,86 @@
+"""Session bar: state, controls (pause / resume / stop / rollback), segment, step, tokens/s/GPU, time per step."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import ipywidgets as W
+
+from .common import READ_ONLY_REASON, Context, assign, fmt
+
+ACTIVE = ("starting", "running", "paused", "restarting", "stopping")
+# Which state each control makes sense in, and why it is off otherwise.
+CONTROLS = {
+    "pause": (("running",), "pause works while the run is running"),
+    "resume": (("paused",), "resume works while the run is paused"),
+    "stop": (("starting", "running", "paused", "restarting"), "nothing runs to stop"),
+    "rollback": (("failed",), "rollback is for a session whose run crashed"),
+}
+
+
+def _latest(steps, column: str) -> float:
+    if column not in steps or not len(steps):
+        return math.nan
+    values = steps[column].dropna()
+    return float(values.iloc[-1]) if len(values) else math.nan
+
+
+class SessionBar:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.status = W.HTML(_dom_classes=["wb-status"])
+        self.buttons = {
+            name: W.Button(description=name.capitalize(), _dom_classes=[f"wb-{name}"],
+                           layout=W.Layout(width="auto"))
+            for name in CONTROLS
+        }
+        for name, button in self.buttons.items():
+            button.on_click(lambda _, name=name: self._control(name))
+        self.message = W.HTML(_dom_classes=["wb-notice"])
+        self.widget = W.VBox(
+            [self.status, W.HBox(list(self.buttons.values()) + [self.message])],
+            _dom_classes=["wb-session-bar"],
+        )
+
+    def _control(self, name: str) -> None:
+        session = self.ctx.session
+        self.ctx.background(name, getattr(session, name))
+
+    def prepare(self, feed, news):
+        steps = feed.steps
+        segment = int(steps["segment_id"].iloc[-1]) if len(steps) else None
+        meta = feed.meta
+        kind = meta.get("kind", "live")
+        if kind == "replay":
+            origin = (f"replay of {html.escape(str(meta.get('recording', '?')).rsplit('/', 1)[-1])} "
+                      f"(recorded {html.escape(str(meta.get('recorded_at') or meta.get('date') or ''))}"
+                      f" on {html.escape(str(meta.get('gpu_name', 'a GPU')))}; ×{fmt(meta.get('speed'))} speed)")
+        else:
+            origin = "live"
+        state = feed.state or "?"
+        stats = [
+            ("segment", fmt(segment)), ("step", fmt(feed.last_step)),
+            ("tokens/s/GPU", fmt(_latest(steps, "perf/throughput"), 4)),
+            ("time per step", fmt(_latest(steps, "timing_s/step")) + " s"),
+        ]
+        markup = (
+            f"<span class='wb-state wb-state-{html.escape(state)}'>{html.escape(state)}</span> "
+            f"<span class='wb-muted'>session {html.escape(self.ctx.session.id)} · {origin}</span><br>"
+            + "".join(f"<span class='wb-stat'>{k} <b>{html.escape(v)}</b></span>" for k, v in stats)
+        )
+        with self.ctx.lock:
+            notice = self.ctx.notice
+        return state, markup, notice
+
+    def show(self, payload) -> None:
+        state, markup, notice = payload
+        assign(self.status, value=markup)
+        operator = self.ctx.operator
+        for name, button in self.buttons.items():
+            states, why = CONTROLS[name]
+            enabled = operator and state in states
+            assign(button, disabled=not enabled,
+                   tooltip="" if enabled else (READ_ONLY_REASON if not operator else why))
+        text = notice if operator else READ_ONLY_REASON
+        assign(self.message, value=f"<span class='wb-muted'>{html.escape(text)}</span>")
