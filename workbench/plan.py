@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from workbench import redact
 from workbench.knobs import KNOBS, WORKBENCH_KNOBS, Knob
 from workbench.runner import verl_config
 
@@ -34,12 +35,28 @@ _ROLLOUT = "actor_rollout_ref.rollout"
 _REWARD_MODEL = "reward.reward_model"
 
 
-class PlanError(ValueError):
-    """A plan that cannot be built or would not run; `.problems` holds one message per problem."""
+# A message's subject: "knob: …" or "knob, knob: …"; other subjects (overrides, yaml, json, verl) concern the plan.
+_SUBJECT = re.compile(r"^([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): ")
+_PLAN_SUBJECTS = {"overrides", "yaml", "json", "verl"}
+PLAN_PROBLEM = "plan"  # the key of problems not tied to one knob
 
-    def __init__(self, problems: Iterable[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+
+class PlanError(ValueError):
+    """A plan that cannot be built or would not run.
+
+    `.messages`: one message per problem, each naming its subject ("knob: …"); `.problems`: the same keyed by
+    knob name ("plan" for problems not tied to a knob), messages about one knob joined, so a view can mark the
+    offending control."""
+
+    def __init__(self, messages: Iterable[str]):
+        self.messages = list(messages)
+        self.problems: dict[str, str] = {}
+        for message in self.messages:
+            subject = _SUBJECT.match(message)
+            names = subject.group(1).split(", ") if subject else [PLAN_PROBLEM]
+            for name in [PLAN_PROBLEM] if set(names) & _PLAN_SUBJECTS else names:
+                self.problems[name] = f"{self.problems[name]}; {message}" if name in self.problems else message
+        super().__init__("\n".join(self.messages))
 
 
 def _compose(overrides: tuple[str, ...]) -> DictConfig:
@@ -178,6 +195,8 @@ class Plan:
     _overrides: tuple[str, ...] = field(repr=False)
     _base_config: DictConfig = field(repr=False)
     config: DictConfig = field(repr=False)
+    # Credentials the overrides carried (config key -> value); everywhere else they show redact.SECRET_PLACEHOLDER.
+    _secrets: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     # ---------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -212,19 +231,22 @@ class Plan:
 
     @classmethod
     def _build(cls, base_overrides: tuple[str, ...], settings: Mapping[str, Any], named_keys: set[str]) -> Plan:
+        base_overrides, secrets = redact.split_overrides(base_overrides)
         base = _compose(base_overrides)
         settings = {**_inferred_placement(base, named_keys), **settings}
-        return cls._assemble(base_overrides, settings, base)
+        return cls._assemble(base_overrides, settings, base, secrets)
 
     @classmethod
-    def _assemble(cls, base_overrides: tuple[str, ...], settings: dict[str, Any], base: DictConfig) -> Plan:
+    def _assemble(cls, base_overrides: tuple[str, ...], settings: dict[str, Any], base: DictConfig,
+                  secrets: Mapping[str, Any]) -> Plan:
         # A verl knob set to what the base already says is no setting: dropping it keeps to_overrides short.
         settings = {name: value for name, value in settings.items()
                     if KNOBS[name].workbench_only or not _knob_matches(KNOBS[name], value, base)}
         knob_overrides = tuple(_settings_overrides(settings, base))
         kept_base = _without_superseded(base_overrides, knob_overrides)
         config = _compose(kept_base + knob_overrides)
-        return cls(base_overrides, MappingProxyType(settings), kept_base + knob_overrides, base, config)
+        return cls(base_overrides, MappingProxyType(settings), kept_base + knob_overrides, base, config,
+                   MappingProxyType(dict(secrets)))
 
     def with_changes(self, changes: Mapping[str, Any]) -> Plan:
         """A new plan with these knob values; PlanError (naming each knob) for unknown knobs or bad values."""
@@ -240,7 +262,7 @@ class Plan:
             settings[name] = value
         if problems:
             raise PlanError(problems)
-        return Plan._assemble(self.base_overrides, settings, self._base_config)
+        return Plan._assemble(self.base_overrides, settings, self._base_config, self._secrets)
 
     # --------------------------------------------------------------------------------------------------- reading
     def _value(self, name: str) -> Any:
@@ -260,6 +282,15 @@ class Plan:
         """Knobs whose value differs from their default (verl's default config, or the workbench default)."""
         defaults = _defaults()
         return {name: value for name, value in self.knob_values().items() if value != defaults[name]}
+
+    @property
+    def secrets(self) -> dict[str, Any]:
+        """The credentials this plan was given (config key -> value), which its exports and JSON leave out."""
+        return dict(self._secrets)
+
+    def secrets_env(self) -> dict[str, str]:
+        """The environment that hands this plan's credentials to a run (see workbench/redact.py); {} if none."""
+        return {redact.SECRETS_ENV: json.dumps(dict(self._secrets))} if self._secrets else {}
 
     @property
     def workbench(self) -> dict[str, Any]:
@@ -461,5 +492,7 @@ class Plan:
             entry = LAUNCH_ENTRY + (f" --critic-gpus {critic_gpus}" if critic_gpus else "")
         devices = ",".join(str(index) for index in self._value("gpus"))
         lines = [f"# {reason}" for reason in reasons]
+        lines += [f"# {key}: a credential, written {redact.SECRET_PLACEHOLDER} here; put its value in before running"
+                  for key in self._secrets]
         arguments = [f"CUDA_VISIBLE_DEVICES={devices} {entry}"] + [shlex.quote(o) for o in self.to_overrides()]
         return "\n".join(lines + [" \\\n    ".join(arguments)])

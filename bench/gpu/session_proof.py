@@ -199,8 +199,23 @@ def pack_recording():
     path = Path((OUT / "session_path.txt").read_text()) if (OUT / "session_path.txt").exists() else None
     if path is None:
         return
-    with tarfile.open(OUT / "recording.tar.gz", "w:gz") as tar:
-        tar.add(path, arcname=path.name, filter=lambda ti: None if ("/checkpoints" in ti.name or "/logs" in ti.name) else ti)
+    # A recording is the session's store alone (no operator token file, checkpoints or logs), scrubbed of the
+    # operator's credentials and of any credential value (workbench/redact.py).
+    import sqlite3
+    import tempfile
+
+    from workbench.redact import scrub_store
+    from workbench.store import STORE_FILE
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.mkdir()
+        source, target = sqlite3.connect(path / STORE_FILE), sqlite3.connect(copy / STORE_FILE)
+        source.backup(target)
+        source.close(), target.close()
+        scrub_store(copy)
+        with tarfile.open(OUT / "recording.tar.gz", "w:gz") as tar:
+            tar.add(copy, arcname=path.name)
     log(f"recording packed: {(OUT / 'recording.tar.gz').stat().st_size / 1e6:.1f} MB")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .. import redact
 from .worker_hooks import flash_attn_available
 
 SETUP_HOOK = "workbench.runner.worker_hooks.setup"
@@ -25,6 +26,13 @@ def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, l
     config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
     notes = []
     with open_dict(config):
+        # Credentials come by environment, never through the store (workbench/redact.py).
+        for key, value in redact.secrets_from_env().items():
+            OmegaConf.update(config, key, value, force_add=True)
+        missing = redact.placeholders(OmegaConf.to_container(config, resolve=False))
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: a credential the plan keeps out of the store, but this run was "
+                             f"not handed it ({redact.SECRETS_ENV}); start the session from the plan that holds it")
         config.trainer.default_local_dir = str(session_dir / CHECKPOINT_DIR)
         config.trainer.resume_mode = "auto"
         # An HF export beside the FSDP shards lets a restart on a different GPU count carry the actor weights over.
@@ -50,7 +58,7 @@ def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, l
             runtime_env.env_vars = {}
         env_vars = runtime_env.env_vars
         for name, value in os.environ.items():
-            if name.startswith("WORKBENCH_"):
+            if name.startswith("WORKBENCH_") and name != redact.SECRETS_ENV:
                 env_vars[name] = value
         # Ray workers must import the workbench (setup hook, trainer): pass on where it lives.
         package_root = str(Path(__file__).resolve().parents[2])
