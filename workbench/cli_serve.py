@@ -1,9 +1,9 @@
 """The dashboard server behind `verl-workbench up`: Voila serving notebooks/dashboard.ipynb for one session.
 
 The page finds its session in its URL: `?session=ID` (a viewer: every chart, controls disabled) plus
-`&operator=TOKEN` for the operator. A Voila kernel runs as the session's own OS user, so reading the token file proves
-nothing there: control comes from the URL alone. (The query key is not `token`: Voila reads that one for its own
-login.)
+`&token=TOKEN` for the operator. A Voila kernel runs as the session's own OS user, so reading the token file proves
+nothing there: control comes from the URL alone. (Voila runs without a login of its own, so it leaves `token` to
+the page.)
 
 Voila runs in its own process session, so a Ctrl-C in the terminal reaches `up` alone, and `up` ends Voila and the
 page kernels it started, in that order, leaving nothing behind.
@@ -27,7 +27,7 @@ import psutil
 
 DASHBOARD_NOTEBOOK = "dashboard.ipynb"
 DEFAULT_PORT = 8866  # Voila's own default
-SESSION_KEY, OPERATOR_KEY = "session", "operator"
+SESSION_KEY, TOKEN_KEY = "session", "token"
 # A page kernel whose page closed without saying so (a browser killed, a laptop lid shut) ends after this long idle.
 # A kernel with a page connected is never culled: its live-update task keeps it "idle" in Jupyter's eyes.
 CULL_IDLE_AFTER_S = 3600
@@ -56,7 +56,7 @@ def page_url(base_url: str, session_id: str, token: str | None = None) -> str:
     """The dashboard page of a session: the operator's with the token, a viewer's without."""
     query = {SESSION_KEY: session_id}
     if token:
-        query[OPERATOR_KEY] = token
+        query[TOKEN_KEY] = token
     return f"{base_url}?{urlencode(query)}"
 
 
@@ -202,5 +202,5 @@ def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-__all__ = ["DashboardServer", "page_url", "notebooks_dir", "DEFAULT_PORT", "SESSION_KEY", "OPERATOR_KEY",
+__all__ = ["DashboardServer", "page_url", "notebooks_dir", "DEFAULT_PORT", "SESSION_KEY", "TOKEN_KEY",
            "raise_on_sigterm"]

@@ -1,0 +1,126 @@
+"""A real browser for UI tests: Debian's Chromium (/usr/bin/chromium) driven by Playwright, and `verl-workbench up`
+run as a user runs it. Without Chromium the browser tests skip (CI installs it: .ci/run). Screenshots land in
+tests/artifacts/ (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+URL = re.compile(r"^\s+(http://\S+)$")
+PAGE_TIMEOUT_MS = 120_000  # a page kernel imports the workbench, pandas and plotly: slow on a busy 2-core machine
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip("no Chromium at /usr/bin/chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+@dataclass
+class Up:
+    """`verl-workbench up` running in a child process, its output collected line by line."""
+
+    process: subprocess.Popen
+    home: Path
+    lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, home: Path, *args: str, timeout: float = 120.0) -> "Up":
+        env = {**os.environ, "VERL_WORKBENCH_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        command = [str(Path(sys.executable).parent / "verl-workbench"), "up", "--no-browser", "--port", "0", *args]
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        up = cls(process, home)
+        threading.Thread(target=up._read, daemon=True).start()
+        try:
+            up.wait_for(lambda: len(up.urls()) >= 2 or up.process.poll() is not None, timeout)
+            assert len(up.urls()) >= 2, f"up printed no URLs:\n{up.output}"
+        except BaseException:
+            up.stop()
+            raise
+        return up
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def urls(self) -> list[str]:
+        return [m.group(1) for line in list(self.lines) if (m := URL.match(line))]
+
+    @property
+    def operator_url(self) -> str:
+        return next(u for u in self.urls() if "token=" in u)
+
+    @property
+    def viewer_url(self) -> str:
+        return next(u for u in self.urls() if "token=" not in u)
+
+    @property
+    def session_id(self) -> str:
+        return re.search(r"session=([^&]+)", self.viewer_url).group(1)
+
+    def wait_for(self, condition, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while not condition():
+            if time.time() > deadline:
+                raise TimeoutError(f"condition not met within {timeout:.0f} s; up said:\n{self.output}")
+            time.sleep(0.2)
+
+    def processes(self) -> list[psutil.Process]:
+        """up, the Voila server and its page kernels (its children), and the session's supervisor."""
+        from workbench.session import Session
+
+        procs = []
+        try:
+            parent = psutil.Process(self.process.pid)
+            procs = [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        pid = Session.attach(self.home / "sessions" / self.session_id, read_only=True).meta.get("supervisor_pid")
+        if pid is not None and psutil.pid_exists(int(pid)):
+            procs.append(psutil.Process(int(pid)))
+        return procs
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 90.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in psutil.Process(self.process.pid).children(recursive=True):
+                p.kill()
+            self.process.kill()
+            raise
