@@ -111,3 +111,41 @@ def test_values_at_the_edges_are_accepted():
     assert KNOBS["critic_lora_rank"].problems(0) == []
     assert KNOBS["actor_micro_batch"].problems(None) == []
     assert KNOBS["rollout_gpu_memory"].normalize(1) == 1.0
+
+
+# ------------------------------------------------------------------------------- verl's real levers (issue 12)
+LEVERS = {
+    "fused_kernels": ("actor_rollout_ref.model.use_fused_kernels", False),
+    "fused_kernel_backend": ("actor_rollout_ref.model.fused_kernel_options.impl_backend", "torch"),
+    "rollout_enforce_eager": ("actor_rollout_ref.rollout.enforce_eager", False),
+    "rollout_max_num_seqs": ("actor_rollout_ref.rollout.max_num_seqs", 256),
+    "agent_workers": ("actor_rollout_ref.rollout.agent.num_workers", 8),
+    "rollout_logprob_bypass": ("algorithm.rollout_correction.bypass_mode", False),
+}
+
+
+@pytest.mark.parametrize("name", list(LEVERS))
+def test_levers_set_verl_091_keys_with_verl_defaults(name):
+    key, default = LEVERS[name]
+    assert KNOBS[name].keys[0] == key
+    assert KNOBS[name].verl_default() == default
+    assert KNOBS[name].apply == "restart"
+
+
+def test_fused_kernels_reach_actor_and_ref_through_verl_interpolation():
+    config = verl_config.compose_config(["actor_rollout_ref.model.use_fused_kernels=True"])
+    assert config.actor_rollout_ref.actor.use_fused_kernels is True
+
+
+def test_triton_backend_is_not_offered():
+    # verl 0.9.1's triton kernel returns flat log-probs that the padded (no flash-attn) path cannot index.
+    assert KNOBS["fused_kernel_backend"].choices == ("torch", "liger")
+    assert "triton" in KNOBS["fused_kernel_backend"].help
+    assert KNOBS["fused_kernel_backend"].problems("triton")
+
+
+def test_only_the_bypass_is_marked_as_changing_the_algorithm():
+    from workbench.knobs import ALGORITHM_KNOBS
+
+    assert ALGORITHM_KNOBS == ("rollout_logprob_bypass",)
+    assert KNOBS["rollout_logprob_bypass"].help.startswith("CHANGES THE ALGORITHM")

@@ -57,6 +57,8 @@ EVERY_KNOB_CHANGED = {
     "train_batch_size": 8, "ppo_mini_batch_size": 2, "actor_micro_batch": 1, "logprob_micro_batch": 1,
     "ref_micro_batch": 1, "critic_micro_batch": 1, "max_prompt_length": 256, "max_response_length": 128,
     "nccl_env": {"NCCL_DEBUG": "INFO"},
+    "fused_kernels": True, "fused_kernel_backend": "liger", "remove_padding": False, "rollout_enforce_eager": True,
+    "rollout_max_num_seqs": 64, "agent_workers": 2, "rollout_logprob_bypass": True,
 }
 
 

@@ -12,6 +12,7 @@ call in verl 0.9.1); "restart" knobs need a checkpoint, a relaunch and a resume.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -41,6 +42,8 @@ class Knob:
     "gpus" (list of physical GPU indices) or "env" (dict of NCCL environment variables).
     bounds: inclusive (minimum, maximum) for int/float knobs, None for no limit; `lower_bound_open` excludes
     the minimum itself. nullable: None is a legal value (verl's "unset").
+    changes_algorithm: the knob changes what is trained, not only how fast (e.g. skipping the old-policy
+    log-prob recompute); advice and tuning never propose it unless asked to.
     """
 
     name: str
@@ -55,6 +58,7 @@ class Knob:
     nullable: bool = False
     workbench_default: Any = None
     derived_keys: tuple[str, ...] = ()
+    changes_algorithm: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -258,6 +262,17 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "Tensor-parallel GPUs per rollout replica.", bounds=(1, None)),
     Knob("rollout_max_batched_tokens", (f"{_ROLLOUT}.max_num_batched_tokens",), "int", "restart", "rollout",
          "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, None)),
+    Knob("rollout_enforce_eager", (f"{_ROLLOUT}.enforce_eager",), "bool", "restart", "rollout",
+         "Run vLLM without CUDA graphs: a shorter start-up, slower decoding (false = capture CUDA graphs)."),
+    Knob("rollout_max_num_seqs", (f"{_ROLLOUT}.max_num_seqs",), "int", "restart", "rollout",
+         "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, None)),
+    Knob("agent_workers", (f"{_ROLLOUT}.agent.num_workers",), "int", "restart", "rollout",
+         "Agent-loop workers that send prompts to the rollout servers (H200: 2 -> 8 changed nothing).",
+         bounds=(1, None)),
+    # --- algorithm: knobs that change what is trained (never proposed unless asked for) --------------------------
+    Knob("rollout_logprob_bypass", ("algorithm.rollout_correction.bypass_mode",), "bool", "restart", "algorithm",
+         "CHANGES THE ALGORITHM: use vLLM's rollout log-probs as old log-probs, skipping the old_log_prob pass.",
+         changes_algorithm=True),
     # --- memory ---------------------------------------------------------------------------------------------------
     Knob("actor_param_offload", ("actor_rollout_ref.actor.fsdp_config.param_offload",), "bool", "restart",
          "memory", "Keep actor parameters on the CPU between uses."),
@@ -273,6 +288,19 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob("gradient_checkpointing", ("actor_rollout_ref.model.enable_gradient_checkpointing",
                                     "critic.model.enable_gradient_checkpointing"), "bool", "restart", "memory",
          "Recompute activations in the backward pass (actor and critic): less memory, more compute."),
+    # --- kernels: verl 0.9.1 without flash-attn computes log-probs with a Python loop over tokens -------------------
+    # (verl/utils/torch_functional.py logprobs_from_logits_v2); the fused path replaces it with chunked matmuls.
+    Knob("fused_kernels", ("actor_rollout_ref.model.use_fused_kernels",), "bool", "restart", "kernels",
+         "Fused lm-head + log-prob kernels for actor and ref (H200, no flash-attn: update_actor 38-41 s -> 3.9-4.6 s)."),
+    # verl's triton backend (utils/kernel/linear_cross_entropy.py) returns flat (batch*seq,) log-probs; the padded
+    # path (use_remove_padding=False, what runs without flash-attn) indexes output.log_probs.shape[1] and a
+    # (batch, seq) mask (workers/engine/fsdp/transformer_impl.py) and fails. torch and liger keep (batch, seq).
+    Knob("fused_kernel_backend", ("actor_rollout_ref.model.fused_kernel_options.impl_backend",), "choice", "restart",
+         "kernels", "Fused-kernel backend: torch, or liger (needs liger-kernel, else runs torch); triton is left out: "
+         "its flat output breaks verl's padded path.", choices=("torch", "liger")),
+    Knob("remove_padding", ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"),
+         "bool", "restart", "kernels",
+         "Pack sequences without padding (actor, ref, critic); needs flash-attn installed in the verl workers."),
     # --- batch ----------------------------------------------------------------------------------------------------
     Knob("train_batch_size", ("data.train_batch_size",), "int", "restart", "batch",
          "Prompts per training step.", bounds=(1, None)),
@@ -300,3 +328,57 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
 
 WORKBENCH_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.workbench_only)
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(knob.group for knob in KNOBS.values()))
+ALGORITHM_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.changes_algorithm)
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return {name: knob.verl_default() for name, knob in KNOBS.items()}
+
+
+def knob_defaults() -> dict[str, Any]:
+    """Every knob's default: verl's default config for verl knobs, the workbench's own for placement."""
+    return copy.deepcopy(_defaults())
+
+
+# ------------------------------------------------------------------------------------------------ the table a view renders
+KNOB_TABLE_COLUMNS = ("name", "group", "kind", "value", "default", "changed", "apply", "min", "max", "choices", "help",
+                      "relevant", "why_irrelevant")
+_BUDGETS = ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")
+_MICRO_BATCHES = ("actor_micro_batch", "logprob_micro_batch", "ref_micro_batch", "critic_micro_batch")
+_CRITIC_KNOBS = ("critic_gpus", "critic_token_budget", "critic_micro_batch", "critic_lora_rank", "critic_lora_alpha",
+                 "critic_lora_targets", "critic_param_offload", "critic_optimizer_offload")
+_REF_KNOBS = ("ref_token_budget", "ref_micro_batch", "ref_param_offload")
+
+
+def irrelevant_knobs(values: dict[str, Any], roles: Any) -> dict[str, str]:
+    """Knobs that change nothing in a plan with these values, each with the reason; `roles` says which optional
+    roles run (critic, reference_policy, reward_model: see verl_config.roles_in_use)."""
+    why: dict[str, str] = {}
+    if values["use_dynamic_bsz"]:
+        why.update(dict.fromkeys(_MICRO_BATCHES, "used only without use_dynamic_bsz (token budgets size micro batches)"))
+    else:
+        why.update(dict.fromkeys(_BUDGETS, "used only with use_dynamic_bsz (micro batch sizes apply without it)"))
+    if values["critic_lora_rank"] == 0:
+        why.update(dict.fromkeys(("critic_lora_alpha", "critic_lora_targets"), "used only with critic_lora_rank > 0"))
+    if values["trainer_mode"] != "separate_async":
+        why.update(dict.fromkeys(("rollout_gpus", "hybrid_switch"), "used only with trainer_mode=separate_async"))
+    if not roles.reference_policy:
+        why.update(dict.fromkeys(_REF_KNOBS, "this plan runs no reference policy (no KL loss, no KL in the reward)"))
+    if not roles.critic:
+        why.update(dict.fromkeys(_CRITIC_KNOBS, "this plan runs no critic"))
+    if not roles.reward_model:
+        why["reward_gpus"] = "this plan runs no reward model (reward.reward_model.enable is false)"
+    return why
+
+
+def knob_rows(values: dict[str, Any], defaults: dict[str, Any], irrelevant: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per knob (KNOB_TABLE_COLUMNS): its declaration, its value and default in a plan, and whether it
+    means anything there."""
+    return [
+        {"name": name, "group": knob.group, "kind": knob.kind, "value": values[name], "default": defaults[name],
+         "changed": values[name] != defaults[name], "apply": knob.apply, "min": knob.bounds[0], "max": knob.bounds[1],
+         "choices": list(knob.choices), "help": knob.help, "relevant": name not in irrelevant,
+         "why_irrelevant": irrelevant.get(name, "")}
+        for name, knob in KNOBS.items()
+    ]
