@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     session_dir = new_session_dir()
     store = Store(session_dir)
     segment_id = store.begin_segment(plan.to_json(), reason="launched from the command line")
+    os.environ.update(plan.secrets_env())  # credentials reach the run by environment, never through the store
     print(f"workbench session: {session_dir}", file=sys.stderr)
     run_segment(session_dir, segment_id)
     store.end_segment(segment_id, "done")
