@@ -24,6 +24,7 @@ from verl.single_controller.ray import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
 from ..store import Store
+from .replay_buffer import shorten_poll
 from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
 
 PAUSE_POLL_S = 0.5
@@ -77,6 +78,10 @@ class WorkbenchTrainerMixin:
         spec["critic_pool"] = [critic_gpus] * self.config.trainer.nnodes
         self.mapping[Role.Critic] = "critic_pool"
         self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping)
+
+    # ----------------------------------------------------------------- replay buffer: poll every 0.05 s, not 2 s
+    def _build_replay_buffer(self):
+        return shorten_poll(super()._build_replay_buffer(), self.trainer_mode)
 
     # ----------------------------------------------------------------- life cycle
     def on_init_end(self):
