@@ -115,7 +115,7 @@ def result(
 ) -> dict[str, Any]:
     """One measure's result. `repetitions` keeps every raw figure; median and spread are over the numeric ones
     (a repetition may be a dict with a "value" key and its own context)."""
-    numbers = [r["value"] if isinstance(r, dict) else r for r in repetitions]
+    numbers = [r.get("value") if isinstance(r, dict) else r for r in repetitions]
     numbers = [x for x in numbers if isinstance(x, (int, float))]
     env = env or environment(machine)
     if machine:
