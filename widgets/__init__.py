@@ -1,0 +1,1 @@
+"""Views on a session: one module per dashboard panel, composed by widgets.dashboard.Dashboard."""

@@ -213,12 +213,6 @@ class ChangesPanel:
             self.track(handle, "your change")
             return handle
 
-    def apply_changes(self, changes: dict[str, Any], label: str) -> Any:
-        """Apply a change someone else proposes (the advisor): through the same progress display."""
-        handle = self.ctx.session.apply(changes, wait=False)
-        self.track(handle, label)
-        return handle
-
     def track(self, handle: Any, label: str) -> None:
         with self.ctx.lock:
             self.tracked = Tracked(handle, label)

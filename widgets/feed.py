@@ -18,7 +18,9 @@ TABLES = ("steps", "samples", "procs", "events", "segments", "commands", "meta")
 # Buckets per GPU the SQL aggregation returns for the window; the charts downsample further (min/max-preserving).
 SAMPLE_BUCKETS = 2000
 # Seconds between re-reads of derived data that only moves at step pace (a full refresh ignores these).
-MIN_INTERVAL_S = {"segments": 3.0, "placement": 2.0, "findings": 10.0}
+MIN_INTERVAL_S = {"segments": 3.0, "placement": 2.0, "findings": 10.0, "step_samples": 5.0}
+# Steps the step breakdown shows; their GPU-busy share needs the samples of their time span.
+STEPS_SHOWN = 60
 EVENTS_KEPT = 500
 
 
@@ -50,7 +52,7 @@ class Feed:
         self.events = pd.DataFrame()
         self.segments = pd.DataFrame()
         self.samples = pd.DataFrame()
-        self.samples_window: tuple[float, float] | None = None
+        self.step_samples = pd.DataFrame()
         self.placement: Any = None
         self.knob_table = pd.DataFrame()
         self.findings: list = []
@@ -98,6 +100,7 @@ class Feed:
             ("segments", {"segments", "steps"}, s.segments),
             ("placement", {"procs", "segments"}, s.placement),
             ("findings", {"steps", "segments"}, s.advice_findings),
+            ("step_samples", {"steps"}, self._step_samples),
         ):
             if changed & triggers:
                 self._stale.add(name)
@@ -107,3 +110,11 @@ class Feed:
                 self._stale.discard(name)
                 news.add(name)
         return news
+
+    def _step_samples(self) -> pd.DataFrame:
+        """Samples aggregated over the time span of the steps the step breakdown shows."""
+        recent = self.steps.iloc[-STEPS_SHOWN:]
+        first_step_s = recent["timing_s/step"].iloc[0] if "timing_s/step" in recent else 0.0
+        first = float(recent["t"].iloc[0]) - (0.0 if pd.isna(first_step_s) else float(first_step_s))
+        span = max(time.time(), float(recent["t"].iloc[-1])) - first + 5.0
+        return self.session.samples(window_s=span, every_s=max(0.5, span / SAMPLE_BUCKETS))

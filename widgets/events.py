@@ -1,0 +1,77 @@
+"""Events log (newest first: starts, applied changes, checkpoints, restarts, crashes, advice, telemetry notes) and a
+balance summary of the GPUs over the chart's window (mean utilization and SM activity, peak memory, power)."""
+
+from __future__ import annotations
+
+import time
+
+import ipywidgets as W
+import numpy as np
+import pandas as pd
+
+from .common import assign, fmt, heading, table
+
+EVENTS_SHOWN = 100
+BAD_EVENTS = ("crash", "refused", "error")
+
+
+def balance_table(samples: pd.DataFrame) -> tuple[list[list], list[str]]:
+    """Per GPU over the window: n-weighted means of the per-bucket means, and peaks of the per-bucket maxima."""
+    if samples is None or not len(samples):
+        return [], []
+    weight = samples["n"] if "n" in samples else pd.Series(1.0, index=samples.index)
+    rows = []
+    for (node, gpu), group in samples.groupby(["node", "gpu"], sort=True):
+        w = weight.loc[group.index].to_numpy(dtype=np.float64)
+
+        def mean(column: str) -> float:
+            if column not in group:
+                return float("nan")
+            v = group[column].to_numpy(dtype=np.float64)
+            ok = ~np.isnan(v)
+            return float(np.average(v[ok], weights=w[ok])) if ok.any() and w[ok].sum() > 0 else float("nan")
+
+        peak_column = "mem_used_max" if "mem_used_max" in group else "mem_used"
+        peak = float(group[peak_column].max()) / 1024.0
+        total = float(group["mem_total"].max()) / 1024.0 if "mem_total" in group else float("nan")
+        rows.append([gpu if samples["node"].nunique() == 1 else f"{node}:{gpu}", mean("util"), mean("sm_active"),
+                     mean("tensor_active"), f"{fmt(peak)} / {fmt(total)}", mean("power_w")])
+    utils = [r[1] for r in rows if not np.isnan(r[1])]
+    notes = []
+    if len(utils) > 1:
+        notes.append(f"utilization spread between the busiest and the idlest GPU: {max(utils) - min(utils):.0f} points")
+    if utils:
+        notes.append(f"mean utilization across GPUs: {np.mean(utils):.0f} %")
+    return rows, notes
+
+
+class EventsPanel:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.log = W.HTML(_dom_classes=["wb-events-log"],
+                          layout=W.Layout(max_height="320px", overflow="auto"))
+        self.balance = W.HTML(_dom_classes=["wb-balance"])
+        self.widget = W.VBox([heading("Events (newest first)"), self.log, heading("Balance (chart window)"),
+                              self.balance], _dom_classes=["wb-events"])
+
+    def prepare(self, feed, news):
+        payload = {}
+        if "events" in news or not self.log.value:
+            recent = feed.events.iloc[::-1].iloc[:EVENTS_SHOWN] if len(feed.events) else feed.events
+            rows = [[time.strftime("%H:%M:%S", time.localtime(t)), k, text]
+                    for t, k, text in zip(recent.get("t", []), recent.get("kind", []), recent.get("text", []))]
+            classes = ["wb-bad" if r[1] in BAD_EVENTS else "" for r in rows]
+            payload["log"] = table(["time", "kind", "what"], rows, row_classes=classes, css="wb-table wb-events") \
+                if rows else "<span class='wb-muted'>No events yet.</span>"
+        if "samples" in news:
+            rows, notes = balance_table(feed.samples)
+            payload["balance"] = (table(["GPU", "util %", "SM active %", "tensor active %", "peak memory GB",
+                                         "power W"], rows) + "".join(f"<div>{n}</div>" for n in notes)) \
+                if rows else "<span class='wb-muted'>No GPU samples in the window.</span>"
+        return payload or None
+
+    def show(self, payload) -> None:
+        if "log" in payload:
+            assign(self.log, value=payload["log"])
+        if "balance" in payload:
+            assign(self.balance, value=payload["balance"])
