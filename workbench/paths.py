@@ -1,15 +1,35 @@
-"""Where sessions live: `$VERL_WORKBENCH_HOME/sessions/<id>/` (default ~/.verl-workbench)."""
+"""Where sessions live: `$VERL_WORKBENCH_HOME/sessions/<id>/` (default ~/.verl-workbench).
+
+Session directories are the owner's alone (0700, and the directories the workbench makes above them): a store,
+its logs and checkpoints hold what a run did, and the operator token lies beside them.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import time
 from pathlib import Path
 
 from .store import STORE_FILE
 
+HOME_ENV = "VERL_WORKBENCH_HOME"
+PRIVATE_DIR_MODE = 0o700
+
+
+class WorkbenchHomeError(RuntimeError):
+    """The place sessions go can't hold them (a file in the way, no permission, a read-only or full disk)."""
+
 
 def home() -> Path:
-    return Path(os.environ.get("VERL_WORKBENCH_HOME", Path.home() / ".verl-workbench"))
+    value = os.environ.get(HOME_ENV)
+    if value is None:
+        return Path.home() / ".verl-workbench"
+    if not value.strip():
+        raise WorkbenchHomeError(f"{HOME_ENV} is set but empty: point it at a directory you can write, or unset it "
+                                 "(the default is ~/.verl-workbench)")
+    return Path(value).expanduser()
 
 
 def sessions_root() -> Path:
@@ -28,3 +48,58 @@ def resolve_session_dir(path_or_id: str | os.PathLike | None = None) -> Path:
         if (candidate / STORE_FILE).exists():
             return candidate
     raise FileNotFoundError(f"{path_or_id}: not a session directory (no {STORE_FILE}) nor a session id under {sessions_root()}")
+
+
+def private_dir(path: Path, what: str | None = None) -> Path:
+    """Make `path` and its missing parents as directories only their owner can enter (0700); `what` names the
+    setting that chose the place, for the one-line WorkbenchHomeError when it can't be made."""
+    missing = []
+    for directory in (path, *path.parents):
+        if directory.is_dir():
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise WorkbenchHomeError(_cannot(path, what, f"{directory} is not a directory")) from None
+        except OSError as error:
+            reason = (f"{_first_file(directory)} is not a directory" if error.errno == errno.ENOTDIR
+                      else f"cannot create {directory}: {error.strerror}")
+            raise WorkbenchHomeError(_cannot(path, what, reason)) from None
+        os.chmod(directory, PRIVATE_DIR_MODE)  # mkdir's mode is filtered by the umask
+    return path
+
+
+def _first_file(path: Path) -> Path:
+    for directory in reversed((path, *path.parents)):
+        if directory.exists() and not directory.is_dir():
+            return directory
+    return path
+
+
+def _cannot(path: Path, what: str | None, reason: str) -> str:
+    where = f"{what}={os.environ.get(what)!r}: " if what and what in os.environ else ""
+    return f"{where}no session can be made under {path}: {reason}"
+
+
+def new_session_id(name: str | None = None) -> str:
+    """Time, name and a random part: two sessions made in one second (two replays of one recording) differ."""
+    return "-".join(part for part in (time.strftime("%Y%m%d-%H%M%S"), name, secrets.token_hex(3)) if part)
+
+
+def new_session_dir(name: str | None = None, root: Path | None = None) -> Path:
+    """A new, empty, owner-only session directory under `root` (default sessions_root()), named by time and `name`."""
+    parent = private_dir(root or sessions_root(), None if root else HOME_ENV)
+    for _ in range(10):
+        path = parent / new_session_id(name)
+        try:
+            path.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            continue  # the random part met its twin: draw again
+        except OSError as error:
+            raise WorkbenchHomeError(_cannot(parent, None if root else HOME_ENV, error.strerror)) from None
+        os.chmod(path, PRIVATE_DIR_MODE)
+        return path
+    raise WorkbenchHomeError(_cannot(parent, None, "ten new session ids were all taken"))

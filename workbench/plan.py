@@ -14,16 +14,18 @@ import functools
 import json
 import re
 import shlex
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from workbench import redact
-from workbench.knobs import KNOBS, WORKBENCH_KNOBS, Knob
-from workbench.runner import verl_config
+from workbench.knobs import KNOBS, WORKBENCH_KNOBS, Knob, knob_defaults
+from workbench import verl_config
 
 PLAN_FORMAT = "verl-workbench-plan/1"
 VERL_ENTRY = "python3 -m verl.trainer.main_ppo"
@@ -39,6 +41,10 @@ _REWARD_MODEL = "reward.reward_model"
 _SUBJECT = re.compile(r"^([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): ")
 _PLAN_SUBJECTS = {"overrides", "yaml", "json", "verl"}
 PLAN_PROBLEM = "plan"  # the key of problems not tied to one knob
+
+
+class UnreadKeyWarning(UserWarning):
+    """A `+key` override adds a key verl's config does not have: verl reads it only if its code asks for it by name."""
 
 
 class PlanError(ValueError):
@@ -66,11 +72,56 @@ def _compose(overrides: tuple[str, ...]) -> DictConfig:
         raise PlanError([f"overrides: verl's config does not compose: {error}"]) from error
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
 def _named_keys(overrides: Iterable[str]) -> set[str]:
+    overrides = tuple(overrides)
     try:
         return set(verl_config.override_keys(overrides))
     except verl_config.ComposeError as error:
-        raise PlanError([f"overrides: {error}"]) from error
+        problem = _one_line(error)
+    for override in overrides:  # name the one that fails
+        try:
+            verl_config.override_keys([override])
+        except verl_config.ComposeError:
+            raise PlanError([f"overrides: {override!r} is not a Hydra override: {problem}"]) from None
+    raise PlanError([f"overrides: {problem}"])
+
+
+# Config nodes verl hands on as they are (to Ray, vLLM, HF, …): any key added under them is read by their receiver.
+_PASS_THROUGH = re.compile(r"(^|\.)(ray_init|runtime_env|env_vars|override_config|[a-z_]*kwargs|kw_args)$")
+
+
+def _added_key_problems(overrides: tuple[str, ...]) -> list[str]:
+    """Problems with `+key=` overrides that add a key verl can't use: under a section verl's config lacks (verl
+    never reads it), or beside the fields of a config dataclass (verl stops at start-up building it). A key added to
+    a plain section may be one verl reads with `config.get(name)`: it is taken, with an UnreadKeyWarning."""
+    default = verl_config.default_config()
+    problems = []
+    for override, key in zip(overrides, verl_config.override_keys(overrides), strict=True):
+        if not override.lstrip().startswith("+") or verl_config.key_exists(key, default):
+            continue
+        parent = key.rpartition(".")[0]
+        while parent and not isinstance(OmegaConf.select(default, parent, default=None), DictConfig):
+            parent = parent.rpartition(".")[0]
+        node = OmegaConf.select(default, parent) if parent else default
+        if parent and (_PASS_THROUGH.search(parent) or len(node) == 0):
+            continue
+        close = difflib.get_close_matches(key, sorted(verl_config.existing_keys(default)), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        dataclass_ = verl_config._target_dataclass(node) if parent else None
+        if not parent:
+            problems.append(f"{key}: verl's config has no section {key.split('.')[0]!r}: a '+' override adds the key, "
+                            f"but verl never reads it{hint}")
+        elif dataclass_ is not None:
+            problems.append(f"{key}: not a field of {parent} ({dataclass_.__name__}): verl would stop at start-up "
+                            f"building it{hint}")
+        else:
+            warnings.warn(f"{key}: not in verl's config; verl reads it only where its code asks for that key by "
+                          f"name{hint}", UnreadKeyWarning, stacklevel=4)
+    return problems
 
 
 def _count(value: Any) -> int:
@@ -156,11 +207,6 @@ def _without_superseded(base_overrides: tuple[str, ...], knob_overrides: tuple[s
                  if key is None or key not in superseded)
 
 
-@functools.cache
-def _defaults() -> dict[str, Any]:
-    return {name: knob.verl_default() for name, knob in KNOBS.items()}
-
-
 def _unknown_knob(name: str) -> str:
     close = difflib.get_close_matches(name, list(KNOBS), n=1)
     return f"{name}: unknown knob" + (f" (did you mean {close[0]}?)" if close else "")
@@ -203,24 +249,42 @@ class Plan:
     def from_verl(cls, overrides: Iterable[str] = ()) -> Plan:
         """A plan from verl Hydra overrides (as given to `python3 -m verl.trainer.main_ppo`)."""
         overrides = tuple(overrides)
-        return cls._build(overrides, {}, _named_keys(overrides))
+        named = _named_keys(overrides)
+        problems = _added_key_problems(overrides)
+        if problems:
+            raise PlanError(problems)
+        return cls._build(overrides, {}, named)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: Iterable[str] = ()) -> Plan:
         """A plan from a verl config YAML (full, as `to_yaml` writes, or partial), then extra overrides."""
         try:
             yaml_overrides, named = verl_config.overrides_from_yaml(path)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or _one_line(error)
+            raise PlanError([f"yaml: {path} is not valid YAML{where}: {problem}"]) from None
         except (OSError, verl_config.ComposeError) as error:
-            raise PlanError([f"yaml: cannot read {path}: {error}"]) from error
+            raise PlanError([f"yaml: cannot read {path}: {_one_line(error)}"]) from None
         overrides = tuple(yaml_overrides) + tuple(overrides)
-        return cls._build(overrides, {}, named | _named_keys(overrides))
+        named |= _named_keys(overrides)
+        problems = _added_key_problems(overrides)
+        if problems:
+            raise PlanError(problems)
+        return cls._build(overrides, {}, named)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
         """The plan `to_json` wrote."""
-        data = json.loads(text)
-        if data.get("format") != PLAN_FORMAT:
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise PlanError([f"json: not a plan document: {error}"]) from None
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise PlanError([f"json: not a {PLAN_FORMAT} document"])
+        if not isinstance(data.get("overrides"), list) or not isinstance(data.get("knobs"), dict):
+            raise PlanError([f"json: a {PLAN_FORMAT} document needs its overrides (a list) and knobs (an object)"])
         problems = [_unknown_knob(name) for name in data["knobs"] if name not in KNOBS]
         settings = {name: KNOBS[name].normalize(value) for name, value in data["knobs"].items() if name in KNOBS}
         problems += [problem for name, value in settings.items() for problem in KNOBS[name].problems(value)]
@@ -280,7 +344,7 @@ class Plan:
 
     def changed_knobs(self) -> dict[str, Any]:
         """Knobs whose value differs from their default (verl's default config, or the workbench default)."""
-        defaults = _defaults()
+        defaults = knob_defaults()
         return {name: value for name, value in self.knob_values().items() if value != defaults[name]}
 
     @property
