@@ -59,7 +59,7 @@ def split_overrides(overrides: Iterable[str]) -> tuple[tuple[str, ...], dict[str
     Overrides that set no credential stay exactly as written. The overrides must parse (Hydra's grammar)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from .runner.verl_config import hydra_value
+    from .verl_config import hydra_value
 
     overrides = tuple(overrides)
     parsed = OverridesParser.create().parse_overrides(list(overrides))
