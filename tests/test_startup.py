@@ -78,3 +78,22 @@ def test_relaunches_in_one_log_are_split_and_empty_text_is_empty():
     pd.testing.assert_frame_equal(a, b)
     assert parse_startup("", tz=UTC).empty
     assert summary(parse_startup("no timestamps here\n", tz=UTC))["total_s"] is None
+
+
+def test_segments_keep_compile_caches_in_the_session_and_log_vllm_at_info(tmp_path, monkeypatch):
+    from tests.test_runtime_config import verl_like_config
+    from workbench.runner import runtime
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv("WORKBENCH_COMPILE_CACHE", raising=False)
+    config, _ = runtime.runtime_config(verl_like_config(), tmp_path)
+    env = config.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env["VLLM_LOGGING_LEVEL"] == "INFO"
+    assert env["VLLM_DISABLE_COMPILE_CACHE"] == "0"  # verl's default "1" is overridden: ours merge over verl's
+    for key, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        assert env[key] == str(tmp_path / "cache" / sub)
+
+    monkeypatch.setenv("WORKBENCH_COMPILE_CACHE", "0")
+    config, _ = runtime.runtime_config(verl_like_config(), tmp_path)
+    env = config.ray_kwargs.ray_init.runtime_env.env_vars
+    assert "VLLM_DISABLE_COMPILE_CACHE" not in env and "VLLM_CACHE_ROOT" not in env

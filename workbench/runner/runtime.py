@@ -66,4 +66,20 @@ def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, l
         if package_root not in pythonpath.split(os.pathsep):
             pythonpath = os.pathsep.join(p for p in (package_root, pythonpath) if p)
         env_vars["PYTHONPATH"] = pythonpath
+        env_vars.update({k: v for k, v in segment_env(session_dir).items() if k not in env_vars})
     return config, notes
+
+
+def segment_env(session_dir: Path) -> dict[str, str]:
+    """What every segment's Ray workers get so that a restart is cheaper and its start-up can be read:
+    compile caches kept in the session directory (vLLM's torch.compile artifacts, Inductor, Triton), so a relaunch
+    reuses what the first launch compiled. verl turns vLLM's cache off (`VLLM_DISABLE_COMPILE_CACHE=1`, for caches
+    shared by concurrent engines that torch < 2.10 could corrupt); one cache per session is written by one engine at a
+    time, and torch >= 2.10 writes it atomically. `WORKBENCH_COMPILE_CACHE=0` keeps verl's setting. vLLM logs at INFO
+    so that workbench/startup.py sees each of its start-up phases."""
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
+    if os.environ.get("WORKBENCH_COMPILE_CACHE", "1") != "0":
+        cache = session_dir / "cache"
+        env.update(VLLM_DISABLE_COMPILE_CACHE="0", VLLM_CACHE_ROOT=str(cache / "vllm"),
+                   TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
+    return env
