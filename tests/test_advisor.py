@@ -12,54 +12,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.h200_traces import A_PLAN, B_PLAN, C_PLAN, D_PLAN, H200_MEM_TOTAL_MIB, NODE, RUN_PLAN, frames
 from tests.plan_fixtures import runnable_overrides, tiny_model  # noqa: F401 (fixture)
-from workbench.advisor import FINDING_COLUMNS, RULES, THRESHOLDS, Finding, advise, apply_finding, findings_frame
-from workbench.knobs import KNOBS
+from workbench.advisor import (FINDING_COLUMNS, FUSED_BUDGETS, RULES, THRESHOLDS, Finding, advise, apply_finding,
+                               findings_frame)
+from workbench.knobs import ALGORITHM_KNOBS, KNOBS
 from workbench.plan import Plan
 from workbench.session import Session
 from workbench.store import SAMPLE_COLUMNS, Store
-from workbench.telemetry.nvml import read_recording
 
-DATA = Path(__file__).parent / "data"
-H200_MEM_TOTAL_MIB = 143_771.0  # the recordings hold no memory total; this is what NVML reports for an H200
-NODE = "h200"
-
-
-# ------------------------------------------------------------------------------------------------ real recordings
-def load_recording(metrics: Path, timeline: Path, nvml: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A recorded run as the store's steps and samples frames (segment 1, GPU 0).
-
-    metrics.jsonl has no timestamps: a step's t is when the timeline saw its line land (the first sighting)."""
-    landed: dict[int, float] = {}
-    for words in (line.split() for line in timeline.read_text().splitlines()):
-        if words[0] == "T_metrics_line":
-            landed.setdefault(int(words[1]), float(words[2]))
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    steps = pd.DataFrame([{"segment_id": 1, "step": r["step"], "t": landed[r["step"]], **r["data"]} for r in records])
-    samples = read_recording(nvml).assign(node=NODE, gpu=0, mem_total=H200_MEM_TOTAL_MIB)
-    return steps, samples[list(SAMPLE_COLUMNS)]
-
-
-@functools.cache
-def recording(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    if name == "run":
-        return load_recording(DATA / "advisor" / "h200_run_metrics.jsonl", DATA / "advisor" / "h200_run_timeline.txt",
-                              DATA / "h200_run_nvml.csv")
-    folder = DATA / "h200_2026-11-30"
-    return load_recording(folder / f"{name}_metrics.jsonl", folder / f"{name}_timeline.txt",
-                          folder / f"{name}_nvml.csv")
-
-
-# The recorded runs' settings (shared/gpu/reference/ppo_cmd.sh and compare.sh) as knob values.
-RUN_PLAN = {"train_batch_size": 64, "ppo_mini_batch_size": 32, "max_prompt_length": 256, "max_response_length": 256,
-            "actor_micro_batch": 16, "logprob_micro_batch": 16, "ref_micro_batch": 16, "critic_micro_batch": 16,
-            "rollout_gpu_memory": 0.4}
-A_PLAN = {**RUN_PLAN, "train_batch_size": 256, "ppo_mini_batch_size": 64, "max_prompt_length": 512,
-          "max_response_length": 512, "actor_micro_batch": 4, "logprob_micro_batch": 8, "ref_micro_batch": 4,
-          "critic_micro_batch": 4}
-B_PLAN = {**A_PLAN, "use_dynamic_bsz": True, "actor_token_budget": 24576, "critic_token_budget": 49152,
-          "gradient_checkpointing": False, "rollout_gpu_memory": 0.6, "rollout_max_batched_tokens": 16384,
-          "actor_micro_batch": 16, "logprob_micro_batch": 32, "ref_micro_batch": 32, "critic_micro_batch": 16}
+# The real recordings and their plans live in tests/h200_traces.py (shared with the predictor tests).
+recording = frames
 
 
 # ------------------------------------------------------------------------------------------------ synthetic frames
@@ -74,7 +37,7 @@ SYNTHETIC_PLAN = {"train_batch_size": 64, "ppo_mini_batch_size": 32, "max_prompt
                   "logprob_token_budget": 16384, "ref_token_budget": 16384, "critic_token_budget": 16384}
 # The plans the cases run under (few: composing each costs ~0.3 s).
 PLANS = {
-    "run": RUN_PLAN, "A": A_PLAN, "B": B_PLAN, "synthetic": SYNTHETIC_PLAN,
+    "run": RUN_PLAN, "A": A_PLAN, "B": B_PLAN, "C": C_PLAN, "D": D_PLAN, "synthetic": SYNTHETIC_PLAN,
     "synthetic_offload": {**SYNTHETIC_PLAN, "actor_param_offload": True, "actor_optimizer_offload": True},
     "synthetic_critic_gpu": {**SYNTHETIC_PLAN, "gpus": [0, 1], "critic_gpus": 1},
 }
@@ -111,6 +74,17 @@ CASES = {
     "A": lambda: _case(*recording("A"), "A"),
     "B": lambda: _case(*recording("B"), "B"),
     "run": lambda: _case(*recording("run"), "run"),
+    # 2026-12-01, same workload as A/B: quickstart again (fused_A), with fused kernels (C), and C with 8 agent workers.
+    "fused_A": lambda: _case(*recording("fused_A"), "A"),
+    "fused_C": lambda: _case(*recording("fused_C"), "C"),
+    "fused_D": lambda: _case(*recording("fused_D"), "D"),
+    # SYNTHETIC: an actor update at 60 % of the step with the fused run's MFU (14 %): batching, not the loop.
+    "actor_bound_fused": lambda: _case(synthetic_steps({"update_actor": 6.0, "gen": 1.0}, **{"perf/mfu/actor": 0.14}),
+                                       synthetic_samples({0: {}}), "synthetic"),
+    # SYNTHETIC: the quickstart's MFU with a trainer already holding 60 GiB at 8 192-token micro batches: the fused
+    # run's 32 768-token budgets would not fit, so only the kernels are proposed.
+    "loop_no_room": lambda: _case(synthetic_steps(**{"perf/mfu/actor": 0.013, "actor/perf/max_memory_reserved_gb": 60.0}),
+                                  synthetic_samples({0: {"mem_used": 0.5 * H200_MEM_TOTAL_MIB}}), "A"),
     # SYNTHETIC: no recording has a critic this heavy (the real ones: 0.12–0.20 of the actor's time).
     "critic_heavy": lambda: _case(synthetic_steps({"values": 1.0, "update_critic": 2.0}),
                                   synthetic_samples({0: {}}), "synthetic"),
@@ -191,16 +165,24 @@ def advised(tiny_model) -> Advised:
 
 
 RULE_NAMES = ("rollout-bound", "critic-heavy", "actor-update-bound", "gpu-idle", "util-spread", "memory-headroom",
-              "oom-risk", "weight-sync", "pcie-offload")
-FIRES = [("rollout-bound", "run"), ("critic-heavy", "critic_heavy"), ("critic-heavy", "critic_heavy_spare_gpu"),
-         ("actor-update-bound", "A"), ("gpu-idle", "B"), ("gpu-idle", "run"), ("util-spread", "spread_critic_gpu"),
-         ("memory-headroom", "headroom"), ("oom-risk", "oom_dynamic"), ("oom-risk", "oom_reserved_micro"),
-         ("weight-sync", "weight_sync_offload"), ("weight-sync", "weight_sync_plain"), ("pcie-offload", "pcie_offload")]
+              "oom-risk", "weight-sync", "pcie-offload", "logprob-loop", "checkpointing-headroom", "gen-on-poll-grid")
+FIRES = [("rollout-bound", "run"), ("rollout-bound", "fused_C"), ("critic-heavy", "critic_heavy"),
+         ("critic-heavy", "critic_heavy_spare_gpu"), ("actor-update-bound", "actor_bound_fused"), ("gpu-idle", "B"),
+         ("gpu-idle", "run"), ("util-spread", "spread_critic_gpu"), ("memory-headroom", "headroom"),
+         ("oom-risk", "oom_dynamic"), ("oom-risk", "oom_reserved_micro"), ("weight-sync", "weight_sync_offload"),
+         ("weight-sync", "weight_sync_plain"), ("pcie-offload", "pcie_offload"),
+         ("logprob-loop", "A"), ("logprob-loop", "fused_A"), ("logprob-loop", "B"), ("logprob-loop", "run"),
+         ("checkpointing-headroom", "A"), ("checkpointing-headroom", "fused_A"),
+         ("gen-on-poll-grid", "A"), ("gen-on-poll-grid", "fused_C"), ("gen-on-poll-grid", "fused_D")]
 SILENT = [("rollout-bound", "A"), ("rollout-bound", "B"), ("critic-heavy", "A"), ("critic-heavy", "B"),
-          ("critic-heavy", "run"), ("actor-update-bound", "B"), ("actor-update-bound", "run"), ("gpu-idle", "A"),
+          ("critic-heavy", "run"), ("actor-update-bound", "A"), ("actor-update-bound", "fused_A"),
+          ("actor-update-bound", "B"), ("actor-update-bound", "run"), ("gpu-idle", "A"),
           ("util-spread", "spread_even"), ("util-spread", "A"), ("memory-headroom", "B"), ("memory-headroom", "A"),
-          ("oom-risk", "B"), ("oom-risk", "headroom"), ("weight-sync", "B"), ("pcie-offload", "pcie_no_offload"),
-          ("pcie-offload", "pcie_offload_quiet")]
+          ("memory-headroom", "fused_C"), ("oom-risk", "B"), ("oom-risk", "headroom"), ("oom-risk", "fused_C"),
+          ("weight-sync", "B"), ("pcie-offload", "pcie_no_offload"), ("pcie-offload", "pcie_offload_quiet"),
+          ("logprob-loop", "fused_C"), ("logprob-loop", "fused_D"), ("logprob-loop", "actor_bound_fused"),
+          ("checkpointing-headroom", "B"), ("checkpointing-headroom", "fused_C"),
+          ("gen-on-poll-grid", "B"), ("gen-on-poll-grid", "headroom")]
 
 
 def test_every_rule_has_a_firing_and_a_silent_case():
@@ -232,28 +214,76 @@ def test_reference_run_is_rollout_bound_and_gets_colocate_async(advised):
     assert "48%" in f.evidence_text and "8.1 s" in f.expected
 
 
-def test_quickstart_is_actor_update_bound_and_gets_dynamic_batching(advised):
-    f = advised.finding("A", "actor-update-bound")
-    assert f.evidence["update_actor_share"] == pytest.approx(0.607, abs=0.001)
-    assert f.evidence["actor_tokens_per_micro_batch"] == 4 * 1024
-    assert f.evidence["peak_memory_share"] == pytest.approx(75_810 / H200_MEM_TOTAL_MIB)
-    # 4096 tokens × (0.8 / 0.527) = 6213 → 6144; memory below 60 % allows gradient checkpointing off.
-    assert f.change == {"use_dynamic_bsz": True, "actor_token_budget": 6144, "gradient_checkpointing": False}
-    assert "61%" in f.evidence_text
+@pytest.mark.parametrize("case", ["A", "fused_A"])
+def test_quickstart_gets_fused_kernels_and_what_goes_with_them(case, advised):
+    f = advised.finding(case, "logprob-loop")
+    assert f.severity == "high" and advised.findings(case)[0] is f
+    assert max(f.evidence["actor_mfu"]) < 0.02 and f.evidence["remove_padding"] is False
+    # Memory peaked near 52 % (below 60 %): checkpointing goes too, and the fused run's budgets come with it.
+    assert f.change == {"fused_kernels": True, "use_dynamic_bsz": True, **FUSED_BUDGETS,
+                        "gradient_checkpointing": False}
+    assert "logprobs_from_logits_v2" in f.evidence_text and "3.9–4.6 s" in f.expected
+    # The plan the finding proposes is what ran as C on 2026-12-01: its predicted step is C's measured one ± 15 %.
+    steps, _ = recording("fused_C")
+    measured = steps.loc[steps["step"] > 1, "timing_s/step"].median()
+    assert f.evidence["predicted_step_s"] == pytest.approx(measured, rel=0.15)
+    assert f.evidence["predicted_gpu_peak_share"] < 0.9
+
+
+def test_the_fused_run_is_generation_bound_next(advised):
+    assert "logprob-loop" not in advised.rules("fused_C")
+    f = advised.finding("fused_C", "rollout-bound")
+    assert f.evidence["gen_share"] == pytest.approx(0.45, abs=0.01)
+    assert f.change["trainer_mode"] == "colocate_async" and "Predicted for this segment" in f.expected
+
+
+def test_loop_bound_actor_keeps_only_the_kernels_when_the_rest_would_not_fit(advised):
+    f = advised.finding("loop_no_room", "logprob-loop")
+    assert f.change == {"fused_kernels": True}
+    assert f.evidence["predicted_gpu_peak_share"] < 0.95
+
+
+def test_actor_update_bound_without_the_loop_still_gets_batching(advised):
+    f = advised.finding("actor_bound_fused", "actor-update-bound")
+    assert f.change["actor_token_budget"] > 8192
+
+
+def test_gen_on_the_poll_grid_proposes_nothing_and_says_the_runner_fixes_it(advised):
+    f = advised.finding("fused_C", "gen-on-poll-grid")
+    assert f.change == {} and max(f.evidence["seconds_past_grid"]) < 0.25
+    assert "workbench/runner/replay_buffer.py" in f.expected
+
+
+def test_checkpointing_off_is_proposed_only_with_room(advised):
+    f = advised.finding("A", "checkpointing-headroom")
+    assert f.change == {"gradient_checkpointing": False}
+    assert f.evidence["predicted_step_s"] < recording("A")[0]["timing_s/step"].iloc[1:].median()
+
+
+def test_lora_critic_predicted_slower_is_not_proposed(advised):
+    f = advised.finding("fused_C", "critic-heavy")
+    assert f.change == {} and "slower" in f.expected
+
+
+def test_no_finding_proposes_a_knob_that_changes_the_algorithm(advised):
+    for name in CASES:
+        for f in advised.findings(name):
+            assert not set(f.change) & set(ALGORITHM_KNOBS), (name, f.rule)
 
 
 def test_tuned_plan_idles_a_fifth_of_the_time(advised):
     f = advised.finding("B", "gpu-idle")
     assert f.evidence["idle_share"] == pytest.approx(0.219, abs=0.001)
     assert f.change == {"trainer_mode": "colocate_async"}
-    assert advised.rules("B") == ["gpu-idle"]
-    assert advised.rules("A") == ["actor-update-bound"]
+    assert advised.rules("B") == ["logprob-loop", "gpu-idle"]
+    assert advised.rules("A") == ["logprob-loop", "checkpointing-headroom", "gen-on-poll-grid"]
 
 
 def test_critic_heavy_proposes_lora_or_the_spare_gpu(advised):
     lora = advised.finding("critic_heavy", "critic-heavy")
     assert lora.evidence["critic_to_actor"] == pytest.approx(3.0 / 4.0)
-    assert lora.change == {"critic_lora_rank": 8}
+    # The only measurement of a LoRA critic (H200, 0.5B) made update_critic 3.5× slower: not proposed, said why.
+    assert lora.change == {} and "predicted to make the step slower" in lora.expected
     spare = advised.finding("critic_heavy_spare_gpu", "critic-heavy")
     assert spare.change == {"gpus": [0, 1], "critic_gpus": 1}
     assert spare.evidence["spare_gpus"] == [1]
@@ -325,12 +355,14 @@ def test_too_few_steps_after_the_first_fire_nothing(advised):
 
 def test_unmeasured_columns_fire_nothing(advised):
     steps, samples = recording("A")
-    blank_steps = steps.assign(**{c: np.nan for c in steps.columns if c.startswith("timing_s/")})
+    blank_steps = steps.assign(**{c: np.nan for c in steps.columns if c.startswith(("timing_s/", "perf/"))})
     blank_samples = samples.assign(**{c: np.nan for c in SAMPLE_COLUMNS if c not in ("t", "node", "gpu")})
     assert advise(blank_steps, blank_samples, advised.knobs("A")) == []
-    assert [f.rule for f in advise(steps, samples.iloc[0:0], advised.knobs("A"))] == ["actor-update-bound"]
-    # Without memory readings the actor rule keeps the micro batch's tokens and leaves checkpointing alone.
-    assert advise(steps, None, advised.knobs("A"))[0].change == {"use_dynamic_bsz": True, "actor_token_budget": 4096}
+    assert [f.rule for f in advise(steps, samples.iloc[0:0], advised.knobs("A"))] == ["logprob-loop",
+                                                                                       "gen-on-poll-grid"]
+    # Without memory readings the kernels come with the fused run's budgets and checkpointing is left alone.
+    assert advise(steps, None, advised.knobs("A"))[0].change == {"fused_kernels": True, "use_dynamic_bsz": True,
+                                                                 **FUSED_BUDGETS}
 
 
 def test_newest_segment_by_default_or_the_one_asked_for(advised):
@@ -339,9 +371,11 @@ def test_newest_segment_by_default_or_the_one_asked_for(advised):
     steps = pd.concat([run_steps, a_steps.assign(segment_id=2, step=a_steps["step"] + 4)], ignore_index=True)
     samples = pd.concat([run_samples, a_samples], ignore_index=True)
     newest = advise(steps, samples, advised.knobs("A"))
-    assert [f.rule for f in newest] == ["actor-update-bound"] and newest[0].evidence["warmup_step_excluded"] == 5
+    assert [f.rule for f in newest] == ["logprob-loop", "checkpointing-headroom", "gen-on-poll-grid"]
+    assert newest[0].evidence["warmup_step_excluded"] == 5
     first = advise(steps, samples, advised.knobs("run"), segment_id=1)
-    assert [f.rule for f in first] == ["rollout-bound", "gpu-idle"]
+    assert [f.rule for f in first] == ["logprob-loop", "rollout-bound", "gpu-idle", "checkpointing-headroom",
+                                       "gen-on-poll-grid"]
 
 
 def test_evidence_is_json_and_texts_are_sentences(advised):
@@ -368,8 +402,8 @@ def test_every_proposed_change_is_a_valid_plan(advised):
 # ------------------------------------------------------------------------------------------------ frame and session
 def test_findings_frame(advised):
     frame = findings_frame(list(advised.findings("run")))
-    assert list(frame.columns) == list(FINDING_COLUMNS) and len(frame) == 2
-    assert frame.loc[0, "change"]["trainer_mode"] == "colocate_async"
+    assert list(frame.columns) == list(FINDING_COLUMNS) and len(frame) == 5
+    assert frame.set_index("rule").loc["rollout-bound", "change"]["trainer_mode"] == "colocate_async"
     assert list(findings_frame([]).columns) == list(FINDING_COLUMNS)
 
 
@@ -381,7 +415,7 @@ def test_apply_finding_hands_the_change_to_the_session(advised):
             self.applied.append(change)
             return "queued"
 
-    f = advised.finding("A", "actor-update-bound")
+    f = advised.finding("A", "logprob-loop")
     session = FakeSession()
     assert apply_finding(session, f) == "queued" and session.applied == [f.change]
     with pytest.raises(ValueError, match="no knob change"):
@@ -400,6 +434,6 @@ def test_session_advice_reads_the_store_and_the_plan(tmp_path, advised):
     session = Session(tmp_path)
     assert session.knob_values()["actor_micro_batch"] == 4
     advice = session.advice()
-    assert list(advice["rule"]) == ["actor-update-bound"]
-    assert advice.loc[0, "change"] == advised.finding("A", "actor-update-bound").change
-    assert [f.rule for f in session.advice_findings(segment_id=segment)] == ["actor-update-bound"]
+    assert list(advice["rule"]) == ["logprob-loop", "checkpointing-headroom", "gen-on-poll-grid"]
+    assert advice.loc[0, "change"] == advised.finding("A", "logprob-loop").change
+    assert [f.rule for f in session.advice_findings(segment_id=segment)][0] == "logprob-loop"

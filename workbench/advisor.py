@@ -7,7 +7,10 @@ steps do not repeat: on the H200 the first step took 30.4 s where the next three
 silent when what it needs was not measured (a missing or all-NaN column, fewer than two steps after the first).
 
 Thresholds live in THRESHOLDS, each with the reason for its value; the rules are listed in RULES. The measured facts
-the proposals quote come from real verl 0.9.1 runs on one H200 (2026-11-30, tests/data/advisor/README.md).
+the proposals quote come from real verl 0.9.1 runs on one H200 (2026-11-30 and 2026-12-01, tests/data/README.md).
+Some rules read verl's cost model rather than shares of the step (actor MFU against what the FLOPs allow, memory
+per token) and quote the gain workbench.predict expects for the proposed plan, with the sources of its numbers.
+Knobs that change the algorithm (knobs.ALGORITHM_KNOBS) are never proposed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from . import predict as what_if
+from .runner.replay_buffer import REPLAY_POLL_S
 from .store import SAMPLE_COLUMNS
 from .telemetry.balance import THRESHOLDS as BALANCE_THRESHOLDS
 from .telemetry.balance import balance_frame
@@ -33,6 +38,12 @@ OFFLOAD_KNOBS = ("actor_param_offload", "actor_optimizer_offload", "ref_param_of
 BUDGET_KNOBS = ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")
 MICRO_BATCH_KNOBS = ("actor_micro_batch", "logprob_micro_batch", "ref_micro_batch", "critic_micro_batch")
 TOKEN_BUDGET_STEP = 1024
+# The budgets the H200 fused-kernel run used (tests/data/h200_fused_logprob_2026-12-01, C_fused): 13–15 % actor MFU.
+FUSED_BUDGETS = {"actor_token_budget": 16384, "logprob_token_budget": 32768, "ref_token_budget": 32768,
+                 "critic_token_budget": 32768}
+FUSED_EVIDENCE = ("on the H200 (tests/data/h200_fused_logprob_2026-12-01, same model and workload) fused kernels "
+                  "with dynamic batching at 16 384 / 32 768 tokens and no gradient checkpointing took update_actor "
+                  "38.3–40.9 → 3.9–4.6 s, old_log_prob 10.1–10.7 → 1.7–2.2 s and the step 62.9–66.7 → 18.3–21.4 s")
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,17 @@ THRESHOLDS: dict[str, Threshold] = {
         BALANCE_THRESHOLDS.pcie_near_saturation_mb_s,
         "PCIe MB/s in one direction at the 90th percentile of in-step samples (the telemetry balance verdict's "
         "value: 80 % of a Gen5 x16 link). PCIe is full duplex, so each direction is held against its own limit."),
+    "logprob_loop_mfu": Threshold(
+        0.05, "Actor MFU (verl's perf/mfu/actor) below which the actor's FLOPs are not what limits it: verl's "
+              "quickstart settings ran at 1.3–1.8 % on the H200, the same plan with fused log-prob kernels at "
+              "13–15 %; a 0.5B model's matmuls alone would allow tens of percent."),
+    "verl_poll_s": Threshold(
+        2.0, "verl 0.9.1's V1 ReplayBuffer poll_interval (replay_buffer.py): generation is seen finished only on "
+             "this grid."),
+    "poll_grid_tolerance_s": Threshold(
+        0.25, "How close to a multiple of the 2 s poll every measured timing_s/gen must end to count as on the grid "
+              "(H200: 4.10, 6.09, 8.13, 10.16, 12.09, 16.15 s, all within 0.2 s); by chance two continuous values "
+              "land there 1.6 % of the time, three 0.2 %."),
     "rollout_gpu_memory_max": Threshold(
         0.90, "Highest rollout_gpu_memory proposed: vLLM's share of memory, leaving 10 % for the CUDA context "
               "and fragmentation (the knob allows 0.95)."),
@@ -159,6 +181,23 @@ class Measurements:
             return float("nan")
         return float(both.iloc[:, 0].sum() / both.iloc[:, 1].sum())
 
+    def metric(self, column: str) -> pd.Series:
+        """A step metric of the measured steps, NaNs dropped (empty when verl did not log it)."""
+        if column not in self.steps:
+            return pd.Series(dtype=float)
+        return pd.to_numeric(self.steps[column], errors="coerce").dropna()
+
+    @functools.cached_property
+    def cost(self) -> what_if.SegmentCost | None:
+        """The segment as the what-if model's calibration."""
+        return what_if.segment_cost(self)
+
+    def predicted(self, change: Mapping[str, Any]) -> what_if.Prediction | None:
+        """This segment's plan with `change`, predicted by workbench.predict (None if the steps lack timings)."""
+        if self.cost is None:
+            return None
+        return what_if.predict(self.cost, {**self.knobs, **change})
+
     def seconds_text(self, phase: str) -> str:
         seconds = self.seconds(phase)
         return f"{seconds.min():.1f}–{seconds.max():.1f} s"
@@ -216,6 +255,14 @@ class Measurements:
             return 1.0
         return float(np.clip(_limit("memory_target_peak") / peak, 1.0, _limit("max_budget_scale")))
 
+    @property
+    def memory_budget_scale(self) -> float:
+        """How much budgets may grow, sized from the trainer's measured memory per token (workbench.predict's
+        memory model) where verl logged it, else from the NVML peak alone (`budget_scale`)."""
+        if self.cost is None or np.isnan(self.cost.trainer_peak_gb) or np.isnan(self.cost.mem_total_gb):
+            return self.budget_scale
+        return what_if.budget_scale_for_memory(self.cost, _limit("memory_target_peak"), _limit("max_budget_scale"))
+
     def scaled_budget(self, tokens: int, scale: float) -> int:
         """`tokens` × scale rounded down to a multiple of 1024, never below one longest sequence."""
         return max(self.longest_sequence, int(tokens * scale) // TOKEN_BUDGET_STEP * TOKEN_BUDGET_STEP)
@@ -253,6 +300,15 @@ def rollout_bound(m: Measurements) -> Finding | None:
         if raised > memory:
             change["rollout_gpu_memory"] = round(float(raised), 2)
             effects.append(f"a KV cache {raised / memory:.1f}× larger keeps more sequences decoding at once")
+    if m.knobs["rollout_enforce_eager"]:
+        change["rollout_enforce_eager"] = False
+        effects.append("vLLM captures CUDA graphs, so each decode step is one graph launch instead of hundreds of "
+                       "kernel launches")
+    sequences = int(m.knobs["train_batch_size"])
+    if int(m.knobs["rollout_max_num_seqs"]) < sequences:
+        change["rollout_max_num_seqs"] = sequences
+        effects.append(f"all {sequences} prompts of a step decode at once instead of in waves of "
+                       f"{m.knobs['rollout_max_num_seqs']}")
     batch_prompt_tokens = int(m.knobs["train_batch_size"]) * int(m.knobs["max_prompt_length"])
     batched = m.knobs["rollout_max_batched_tokens"]
     if batched is not None and batched < batch_prompt_tokens:
@@ -264,7 +320,8 @@ def rollout_bound(m: Measurements) -> Finding | None:
                   "peak_memory_share": m.peak_memory_share},
         text=f"Generation took {share:.0%} of step time ({m.seconds_text('gen')} of {m.seconds_text('step')} steps)",
         change=change,
-        expected=("Shorter steps: " + "; ".join(effects) + ".") if effects else _no_knob(
+        expected=("Shorter steps: " + "; ".join(effects) + "." + _prediction_text(m.predicted(change)))
+        if effects else _no_knob(
             "the trainer already overlaps generation and the rollout engine has no memory left to grow into."),
     )
 
@@ -285,9 +342,16 @@ def critic_heavy(m: Measurements) -> Finding | None:
                     f"{critic_s / len(critic):.1f} s less on them per step in sync mode.")
     else:
         change = _changes(m, critic_lora_rank=8)
-        expected = ("A rank-8 LoRA critic trains a small fraction of the value model's parameters, so its "
-                    "gradients and optimizer step shrink and update_critic gets shorter." if change else _no_knob(
-                        "the critic already trains LoRA adapters and no spare GPU was sampled."))
+        prediction = m.predicted(change) if change else None
+        if prediction is not None and prediction.step_s >= prediction.measured_step_s:
+            # Measured on the H200: a LoRA critic saves memory but its update is slower on a small model.
+            change, expected = {}, _no_knob(
+                f"a LoRA critic is predicted to make the step slower, not faster ({prediction.text}; "
+                f"{what_if.PRIORS['critic_lora'].source}), and no spare GPU was sampled for the critic.")
+        else:
+            expected = ("A rank-8 LoRA critic trains a small fraction of the value model's parameters, so its "
+                        "gradients and optimizer step shrink and update_critic gets shorter." if change else _no_knob(
+                            "the critic already trains LoRA adapters and no spare GPU was sampled."))
     return _finding(
         m, rule="critic-heavy", title="The critic costs a large share of the actor's training time",
         severity="medium",
@@ -301,8 +365,8 @@ def critic_heavy(m: Measurements) -> Finding | None:
 
 def actor_update_bound(m: Measurements) -> Finding | None:
     share = m.share("update_actor")
-    if not share > _limit("actor_update_share"):
-        return None
+    if not share > _limit("actor_update_share") or _loop_bound(m):
+        return None  # a loop-bound actor gains little from batching: logprob-loop names the lever
     dynamic = bool(m.knobs["use_dynamic_bsz"])
     tokens = m.tokens_per_micro_batch("actor_token_budget", "actor_micro_batch")
     if dynamic and tokens >= _limit("small_actor_budget"):
@@ -418,7 +482,7 @@ def memory_headroom(m: Measurements) -> Finding | None:
     peak = m.peak_memory_share
     if not m.knobs["use_dynamic_bsz"] or not peak < _limit("memory_headroom_peak"):
         return None
-    scale = m.budget_scale
+    scale = m.memory_budget_scale
     current = {knob: m.budget(knob) for knob in BUDGET_KNOBS}
     change = _changes(m, **{knob: m.scaled_budget(tokens, scale) for knob, tokens in current.items()})
     listed = ", ".join(f"{knob} {current[knob]} → {value}" for knob, value in change.items())
@@ -519,9 +583,108 @@ def pcie_offload(m: Measurements) -> Finding | None:
     )
 
 
+def _loop_bound(m: Measurements) -> bool:
+    """verl's log-prob pass is the Python loop (fused kernels off) and the actor runs far below its FLOPs."""
+    mfu = m.metric("perf/mfu/actor")
+    return not m.knobs["fused_kernels"] and len(mfu) >= _limit("min_steps") and \
+        float(mfu.median()) < _limit("logprob_loop_mfu")
+
+
+def _prediction_text(prediction: what_if.Prediction | None) -> str:
+    if prediction is None:
+        return ""
+    sources = "; ".join(prediction.sources.values())
+    return f" Predicted for this segment: {prediction.text} (workbench.predict from: {sources})."
+
+
+def logprob_loop(m: Measurements) -> Finding | None:
+    if not _loop_bound(m):
+        return None
+    mfu = m.metric("perf/mfu/actor")
+    per_token = m.metric("timing_per_token_ms/update_actor")
+    change: dict[str, Any] = {"fused_kernels": True, **_changes(m, fused_kernel_backend="torch")}
+    if not m.knobs["use_dynamic_bsz"]:
+        change.update(use_dynamic_bsz=True, **FUSED_BUDGETS)
+    if m.knobs["gradient_checkpointing"] and m.peak_memory_share < _limit("memory_room_peak"):
+        change["gradient_checkpointing"] = False
+    # What goes with the kernels is dropped again, last first, while the what-if model predicts an OOM.
+    prediction = m.predicted(change)
+    for extra in (("gradient_checkpointing",), ("use_dynamic_bsz", *FUSED_BUDGETS)):
+        if prediction is None or not prediction.oom:
+            break
+        change = {k: v for k, v in change.items() if k not in extra}
+        prediction = m.predicted(change)
+    padded = not m.knobs["remove_padding"]
+    why = ("with use_remove_padding off (no flash-attn), verl 0.9.1 computes log-probs with a Python loop "
+           "(verl/utils/torch_functional.py logprobs_from_logits_v2)" if padded else
+           "verl materialises the full vocabulary logits for every log-prob pass")
+    per_token_text = f", {per_token.median():.3f} ms per token in update_actor" if len(per_token) else ""
+    return _finding(
+        m, rule="logprob-loop", title="Log-probs run as many small kernels: fused kernels are the lever",
+        severity="high",
+        evidence={"actor_mfu": mfu.tolist(), "update_actor_ms_per_token": per_token.tolist(),
+                  "fused_kernels": False, "remove_padding": not padded,
+                  "update_actor_s": m.seconds("update_actor").tolist(),
+                  "old_log_prob_s": m.seconds("old_log_prob").tolist(), "peak_memory_share": m.peak_memory_share,
+                  "predicted_step_s": prediction.step_s if prediction else None,
+                  "predicted_gpu_peak_share": prediction.gpu_peak_share if prediction else None},
+        text=f"Actor MFU {mfu.min():.1%}–{mfu.max():.1%} (below {_limit('logprob_loop_mfu'):.0%}){per_token_text}; "
+             f"update_actor {m.seconds_text('update_actor')}, old_log_prob {m.seconds_text('old_log_prob')}; "
+             f"fused kernels off and {why}",
+        change=change,
+        expected=f"The fused lm-head + log-prob path replaces the loop; {FUSED_EVIDENCE}."
+                 + _prediction_text(prediction),
+    )
+
+
+def gen_on_poll_grid(m: Measurements) -> Finding | None:
+    gen = m.seconds("gen")
+    if len(gen) < _limit("min_steps"):
+        return None
+    grid = _limit("verl_poll_s")
+    late = gen % grid
+    if not (late < _limit("poll_grid_tolerance_s")).all():
+        return None
+    step = m.seconds("step")
+    return _finding(
+        m, rule="gen-on-poll-grid", title="Generation time comes in steps of verl's 2 s replay-buffer poll",
+        severity="low",
+        evidence={"gen_s": gen.tolist(), "seconds_past_grid": late.tolist(), "poll_s": grid},
+        text=f"Every timing_s/gen ({', '.join(f'{g:.2f}' for g in gen)} s) ended within "
+             f"{late.max():.2f} s after a multiple of {grid:.0f} s",
+        change={},
+        expected=_no_knob(
+            f"verl 0.9.1's V1 ReplayBuffer sleeps {grid:.0f} s between checks, so a batch is seen up to {grid:.0f} s "
+            f"after it finished (on average {grid / 2:.0f} s, {grid / 2 / step.median():.0%} of this segment's "
+            f"median step); the workbench's runner polls every {REPLAY_POLL_S} s "
+            "(workbench/runner/replay_buffer.py), so a run started from the workbench does not pay it."),
+    )
+
+
+def checkpointing_headroom(m: Measurements) -> Finding | None:
+    if not m.knobs["gradient_checkpointing"] or not m.peak_memory_share < _limit("memory_room_peak"):
+        return None
+    change = {"gradient_checkpointing": False}
+    prediction = m.predicted(change)
+    if prediction is not None and prediction.oom:
+        return None
+    return _finding(
+        m, rule="checkpointing-headroom", title="Gradient checkpointing is on with memory to spare", severity="low",
+        evidence={"peak_memory_share": m.peak_memory_share,
+                  "update_actor_s": m.seconds("update_actor").tolist(),
+                  "update_critic_s": m.seconds("update_critic").tolist(),
+                  "predicted_step_s": prediction.step_s if prediction else None},
+        text=f"gradient_checkpointing on while {m.peak_memory_text}",
+        change=change,
+        expected="Activations are kept instead of recomputed, so the backward passes of update_actor and "
+                 f"update_critic skip one forward each ({what_if.PRIORS['gradient_checkpointing'].source})."
+                 + _prediction_text(prediction),
+    )
+
+
 RULES: tuple[Callable[[Measurements], Finding | None], ...] = (
-    oom_risk, rollout_bound, actor_update_bound, critic_heavy, gpu_idle, util_spread, pcie_offload,
-    memory_headroom, weight_sync,
+    oom_risk, logprob_loop, rollout_bound, actor_update_bound, critic_heavy, gpu_idle, util_spread, pcie_offload,
+    memory_headroom, checkpointing_headroom, weight_sync, gen_on_poll_grid,
 )
 
 

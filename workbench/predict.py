@@ -1,0 +1,338 @@
+"""What-if: a changed plan's step time per phase and peak GPU memory, predicted before anything runs.
+
+The model is calibrated on one measured segment of the session (`segment_cost`): its median seconds per phase
+(verl's `timing_s/*`, warm-up step left out), its tokens, its trainer memory (`*/perf/max_memory_reserved_gb`)
+and its NVML peak. A changed plan moves those numbers by the effects in EFFECTS, one per lever, each a factor on
+the phases it touches with a relative uncertainty and the source of the number (PRIORS). Where no measurement
+exists the factor is 1 and the knob is listed as unmodelled with a wider uncertainty, never silently ignored.
+
+Priors come from real verl 0.9.1 runs on one H200 (0.5B-shaped Qwen2, 256 prompts × up to 512+512 tokens,
+tests/data/README.md) or, where no run measured a lever, from how verl computes it (said so in the source).
+Memory: the trainer's peak is static (weights, gradients, optimizer state) plus a part that grows with the largest
+micro batch in tokens; the static part is STATIC_MEMORY_SHARE of the measured peak (fit on the H200 quickstart →
+fused run: 27.2 GB at 8 192 tokens → 68.4 GB at 32 768). The GPU peak is the larger of the generation-time peak
+(measured NVML peak moved by the rollout engine's memory share) and the training-time peak (trainer + context).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+PER_TOKEN_PHASES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+MIB_PER_GIB = 1024.0
+STATIC_MEMORY_SHARE = 0.45
+CONTEXT_GB = 4.0  # CUDA context, NCCL buffers and the sleeping rollout engine's weights during training
+OOM_SHARE = 0.95
+NEAR_FULL_SHARE = 0.90
+MEMORY_UNCERTAINTY = 0.30
+UNMODELLED_UNCERTAINTY = 0.30
+
+
+@dataclass(frozen=True)
+class Prior:
+    factor: dict[str, float]
+    uncertainty: float
+    source: str
+
+
+PRIORS: dict[str, Prior] = {
+    "fused_kernels": Prior(
+        {"update_actor": 0.14, "old_log_prob": 0.185, "ref": 0.185}, 0.25,
+        "H200 2026-12-01 (tests/data/h200_fused_logprob_2026-12-01): quickstart → fused kernels took old_log_prob "
+        "10.1–10.7 → 1.7–2.2 s (×0.185) and update_actor 38.3–40.9 → 3.9–4.6 s (×0.105), of which ×0.75 is "
+        "gradient checkpointing off (below), leaving ×0.14 for the kernels"),
+    "gradient_checkpointing": Prior(
+        {"update_actor": 0.75, "update_critic": 0.75}, 0.15,
+        "verl recomputes each layer's forward in the backward pass with checkpointing on: one extra forward of "
+        "forward+backward ≈ 1/3 more work, so off ≈ ×0.75 (not fit to a run)"),
+    "rollout_enforce_eager": Prior(
+        {"gen": 0.6}, 0.40,
+        "not measured on this workload: vLLM decoding a 0.5B model without CUDA graphs is bound by kernel "
+        "launches; ×0.6 is a guess with a wide band"),
+    "colocate_async": Prior(
+        {"gen": 0.5}, 0.40,
+        "H200 2026-11-30 (shared/gpu/reference/h200_features_2026-11-30): colocate_async alternated 16.0 / 6.8 / "
+        "12.9 / 6.1 s steps against 11.6–15.5 s sync; about half of generation overlapped"),
+    "critic_lora": Prior(
+        {"update_critic": 3.5}, 0.30,
+        "H200 2026-11-30 (workbench/assets/recordings): a rank-8 LoRA critic made update_critic 2.13 s against "
+        "0.60 s full fine-tuning"),
+    "rollout_logprob_bypass": Prior(
+        {"old_log_prob": 0.05}, 0.50,
+        "verl 0.9.1 trainer_base._compute_old_log_prob with bypass_mode copies rollout_log_probs instead of a "
+        "forward pass (not measured)"),
+    "batching": Prior(
+        {}, 0.10,
+        "H200 2026-11-30: the quickstart plan and its hot budget neighbour ran alike; budgets and micro batches "
+        "change memory, barely time, while the per-token loop dominates"),
+    "rollout_engine": Prior(
+        {}, 0.10,
+        "H200 2026-12-01: agent-loop workers 2 → 8 left gen at 8.12–8.17 s; rollout memory and scheduling knobs "
+        "are not measured separately"),
+    "offload": Prior({}, 0.15, "not measured: offload moves parameters or optimizer state over PCIe each step"),
+}
+
+# knob -> effect group; knobs in no group are unmodelled
+_GROUP_OF = {
+    "fused_kernels": "fused_kernels", "gradient_checkpointing": "gradient_checkpointing",
+    "rollout_enforce_eager": "rollout_enforce_eager", "trainer_mode": "trainer_mode",
+    "critic_lora_rank": "critic_lora", "rollout_logprob_bypass": "rollout_logprob_bypass",
+    "train_batch_size": "tokens", "max_prompt_length": "tokens", "max_response_length": "tokens",
+    "rollout_max_num_seqs": "waves",
+    **dict.fromkeys(("use_dynamic_bsz", "actor_token_budget", "logprob_token_budget", "ref_token_budget",
+                     "critic_token_budget", "actor_micro_batch", "logprob_micro_batch", "ref_micro_batch",
+                     "critic_micro_batch", "ppo_mini_batch_size", "fused_kernel_backend"), "batching"),
+    **dict.fromkeys(("rollout_gpu_memory", "agent_workers", "rollout_max_batched_tokens"), "rollout_engine"),
+    **dict.fromkeys(("actor_param_offload", "actor_optimizer_offload", "ref_param_offload", "critic_param_offload",
+                     "critic_optimizer_offload"), "offload"),
+    **dict.fromkeys(("critic_lora_alpha", "critic_lora_targets"), "critic_lora"),
+}
+
+
+@dataclass(frozen=True)
+class SegmentCost:
+    """One measured segment, reduced to what the model needs."""
+
+    segment_id: Any
+    knobs: Mapping[str, Any]
+    steps: tuple[int, ...]
+    phase_s: Mapping[str, float]
+    other_s: float
+    step_s: float
+    step_spread: float  # half the min–max range of the measured steps / median step
+    tokens: float
+    trainer_peak_gb: float
+    gpu_peak_gb: float
+    mem_total_gb: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A plan's predicted step (seconds per phase and in all), peak memory per GPU, and how sure it is."""
+
+    basis_segment: Any
+    basis_steps: tuple[int, ...]
+    phase_s: dict[str, float]
+    measured_phase_s: dict[str, float]
+    step_s: float
+    uncertainty: float  # relative, one side
+    measured_step_s: float
+    trainer_peak_gb: float
+    gpu_peak_gb: float
+    mem_total_gb: float
+    sources: dict[str, str]
+    unmodelled: tuple[str, ...]
+    warnings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def step_range_s(self) -> tuple[float, float]:
+        return self.step_s * (1 - self.uncertainty), self.step_s * (1 + self.uncertainty)
+
+    @property
+    def speedup(self) -> float:
+        return self.measured_step_s / self.step_s if self.step_s > 0 else float("nan")
+
+    @property
+    def gpu_peak_share(self) -> float:
+        return self.gpu_peak_gb / self.mem_total_gb if self.mem_total_gb > 0 else float("nan")
+
+    @property
+    def oom(self) -> bool:
+        return self.gpu_peak_share >= OOM_SHARE
+
+    def frame(self) -> pd.DataFrame:
+        """One row per phase: measured and predicted seconds."""
+        rows = [{"phase": p, "measured_s": self.measured_phase_s.get(p, float("nan")),
+                 "predicted_s": self.phase_s.get(p, float("nan"))} for p in (*PHASES, "other")]
+        rows.append({"phase": "step", "measured_s": self.measured_step_s, "predicted_s": self.step_s})
+        return pd.DataFrame(rows)
+
+    @property
+    def text(self) -> str:
+        low, high = self.step_range_s
+        memory = (f"peak GPU memory {self.gpu_peak_gb:.0f} of {self.mem_total_gb:.0f} GiB "
+                  f"({self.gpu_peak_share:.0%} ± {MEMORY_UNCERTAINTY:.0%})" if self.mem_total_gb > 0 else
+                  f"trainer memory {self.trainer_peak_gb:.0f} GiB")
+        return (f"{self.step_s:.1f} s a step ({low:.1f}–{high:.1f}) against {self.measured_step_s:.1f} s measured "
+                f"in segment {self.basis_segment} ({self.speedup:.2f}×); {memory}")
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+def _median(steps: pd.DataFrame, column: str) -> float:
+    if column not in steps:
+        return float("nan")
+    values = pd.to_numeric(steps[column], errors="coerce").dropna()
+    return float(values.median()) if len(values) else float("nan")
+
+
+def segment_cost(m: Any) -> SegmentCost | None:
+    """The cost of the segment an advisor `Measurements` holds (steps after warm-up, in-step samples)."""
+    steps = m.steps
+    step_s = _median(steps, "timing_s/step")
+    if not step_s > 0:
+        return None
+    phase_s = {p: v for p in PHASES if not math.isnan(v := _median(steps, f"timing_s/{p}"))}
+    durations = pd.to_numeric(steps["timing_s/step"], errors="coerce").dropna()
+    reserved = [float(pd.to_numeric(steps[c], errors="coerce").max()) for c in
+                ("actor/perf/max_memory_reserved_gb", "critic/perf/max_memory_reserved_gb") if c in steps]
+    per_gpu = m.per_gpu
+    gpu_peak = mem_total = float("nan")
+    if not per_gpu.empty and per_gpu["mem_used_max"].notna().any():
+        gpu_peak = float(per_gpu["mem_used_max"].max()) / MIB_PER_GIB
+        mem_total = float(per_gpu["mem_total"].max()) / MIB_PER_GIB
+    return SegmentCost(
+        segment_id=m.segment_id, knobs=dict(m.knobs), steps=tuple(int(s) for s in steps["step"]), phase_s=phase_s,
+        other_s=max(0.0, step_s - sum(phase_s.values())), step_s=step_s,
+        step_spread=float((durations.max() - durations.min()) / 2 / step_s),
+        tokens=_median(steps, "perf/total_num_tokens"), trainer_peak_gb=max(reserved, default=float("nan")),
+        gpu_peak_gb=gpu_peak, mem_total_gb=mem_total,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the model
+def tokens_per_micro_batch(knobs: Mapping[str, Any], budget: str, micro: str) -> int:
+    """Tokens one micro batch may hold: the budget with dynamic batching, else sequences × longest sequence."""
+    longest = int(knobs["max_prompt_length"]) + int(knobs["max_response_length"])
+    if knobs["use_dynamic_bsz"] or knobs.get(micro) is None:
+        return int(knobs[budget])
+    return int(knobs[micro]) * longest
+
+
+def largest_micro_batch(knobs: Mapping[str, Any]) -> int:
+    """The largest micro batch in tokens of the passes that hold activations (actor, old log-prob, critic)."""
+    return max(tokens_per_micro_batch(knobs, f"{role}_token_budget", f"{role}_micro_batch")
+               for role in ("actor", "logprob", "critic"))
+
+
+def _waves(knobs: Mapping[str, Any]) -> int:
+    return math.ceil(int(knobs["train_batch_size"]) / int(knobs["rollout_max_num_seqs"]))
+
+
+def _effects(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, dict[str, float], float]]:
+    """(group, phase factors, relative uncertainty) for each changed lever."""
+    changed = {name for name in after if after[name] != before.get(name)}
+    groups = {_GROUP_OF[name] for name in changed if name in _GROUP_OF}
+    effects = []
+
+    def flip(group: str, on: bool) -> None:
+        prior = PRIORS[group]
+        factors = {p: (f if on else 1 / f) for p, f in prior.factor.items()}
+        effects.append((group, factors, prior.uncertainty))
+
+    if "fused_kernels" in groups:
+        flip("fused_kernels", bool(after["fused_kernels"]))
+    if "gradient_checkpointing" in groups:
+        flip("gradient_checkpointing", not after["gradient_checkpointing"])
+    if "rollout_enforce_eager" in groups:
+        flip("rollout_enforce_eager", not after["rollout_enforce_eager"])
+    if "rollout_logprob_bypass" in groups:
+        flip("rollout_logprob_bypass", bool(after["rollout_logprob_bypass"]))
+    if "critic_lora" in groups and (before["critic_lora_rank"] > 0) != (after["critic_lora_rank"] > 0):
+        flip("critic_lora", after["critic_lora_rank"] > 0)
+    if "trainer_mode" in groups and "separate_async" not in (before["trainer_mode"], after["trainer_mode"]):
+        flip("colocate_async", after["trainer_mode"] == "colocate_async")
+    if "tokens" in groups:
+        ratio = (after["train_batch_size"] / before["train_batch_size"]) * (
+            (after["max_prompt_length"] + after["max_response_length"])
+            / (before["max_prompt_length"] + before["max_response_length"]))
+        factors = dict.fromkeys(PER_TOKEN_PHASES, ratio)
+        factors["gen"] = after["max_response_length"] / before["max_response_length"]
+        effects.append(("tokens", factors, 0.20))
+    if groups & {"tokens", "waves"}:
+        waves = _waves(after) / _waves(before)
+        if waves != 1:
+            effects.append(("waves", {"gen": waves}, 0.20))
+    for group in ("batching", "rollout_engine", "offload"):
+        if group in groups:
+            effects.append((group, {}, PRIORS[group].uncertainty))
+    return effects
+
+
+_SOURCES = {
+    "tokens": "per-token phases scale with prompts × sequence length; generation with the response length "
+              "(the random model fills it: ~253 of 256 tokens on the H200)",
+    "waves": "more sequences than max_num_seqs decode in waves, one after another",
+}
+
+
+def _trainer_peak(cost: SegmentCost, after: Mapping[str, Any]) -> float:
+    static = STATIC_MEMORY_SHARE * cost.trainer_peak_gb
+    grow = largest_micro_batch(after) / largest_micro_batch(cost.knobs)
+    peak = static + (cost.trainer_peak_gb - static) * grow
+    if (cost.knobs["critic_lora_rank"] > 0) != (after["critic_lora_rank"] > 0):
+        # H200 2026-11-30: the LoRA critic saved 3.6 GB (no full-size gradients and optimizer state)
+        peak += -3.6 if after["critic_lora_rank"] > 0 else 3.6
+    return peak
+
+
+def predict(cost: SegmentCost, after: Mapping[str, Any]) -> Prediction:
+    """The plan with knob values `after`, predicted from the measured segment `cost`."""
+    before = cost.knobs
+    phase = dict(cost.phase_s)
+    spread = cost.step_spread
+    absolute = {p: (s * spread) ** 2 for p, s in phase.items()}
+    sources: dict[str, str] = {}
+    for group, factors, uncertainty in _effects(before, after):
+        for p, factor in factors.items():
+            if p in phase:
+                phase[p] *= factor
+        moved = factors or dict.fromkeys(phase, 1.0)
+        for p in moved:
+            if p in phase:
+                absolute[p] = absolute.get(p, 0.0) + (phase[p] * uncertainty) ** 2
+        sources[group] = PRIORS[group].source if group in PRIORS else _SOURCES[group]
+    changed = [name for name in after if after[name] != before.get(name)]
+    unmodelled = tuple(name for name in changed if name not in _GROUP_OF)
+    step = sum(phase.values()) + cost.other_s
+    variance = sum(absolute.values()) + (UNMODELLED_UNCERTAINTY * step) ** 2 * bool(unmodelled)
+    uncertainty = math.sqrt(variance) / step if step > 0 else float("nan")
+
+    trainer = _trainer_peak(cost, after)
+    gpu = trainer + CONTEXT_GB
+    if not math.isnan(cost.gpu_peak_gb):
+        share_moved = (float(after["rollout_gpu_memory"]) - float(before["rollout_gpu_memory"])) * cost.mem_total_gb
+        gpu = max(cost.gpu_peak_gb + share_moved, gpu)
+    prediction = Prediction(
+        basis_segment=cost.segment_id, basis_steps=cost.steps, phase_s={**phase, "other": cost.other_s},
+        measured_phase_s={**cost.phase_s, "other": cost.other_s}, step_s=step, uncertainty=uncertainty,
+        measured_step_s=cost.step_s, trainer_peak_gb=trainer, gpu_peak_gb=gpu, mem_total_gb=cost.mem_total_gb,
+        sources=sources, unmodelled=unmodelled,
+    )
+    return _with_warnings(prediction, changed)
+
+
+def _with_warnings(p: Prediction, changed: list[str]) -> Prediction:
+    warnings: dict[str, str] = {}
+    if p.mem_total_gb > 0 and p.gpu_peak_share >= NEAR_FULL_SHARE:
+        verdict = "out of memory predicted" if p.oom else "GPU memory nearly full"
+        warnings["plan"] = (f"{verdict}: peak {p.gpu_peak_gb:.0f} of {p.mem_total_gb:.0f} GiB "
+                            f"({p.gpu_peak_share:.0%} ± {MEMORY_UNCERTAINTY:.0%}; trainer {p.trainer_peak_gb:.0f} "
+                            f"GiB) after changing {', '.join(changed)}")
+    for name in p.unmodelled:
+        warnings[name] = f"{name}: no measurement predicts its effect; the prediction is wider for it"
+    return Prediction(**{**p.__dict__, "warnings": warnings})
+
+
+def closest_cost(costs: list[SegmentCost], after: Mapping[str, Any]) -> SegmentCost | None:
+    """The measured segment whose plan differs from `after` in the fewest knobs (the newest among equals)."""
+    if not costs:
+        return None
+    return min(reversed(costs), key=lambda c: sum(after[n] != c.knobs.get(n) for n in after))
+
+
+def budget_scale_for_memory(cost: SegmentCost, target_share: float, limit: float) -> float:
+    """How much the largest micro batch may grow so that the training-time peak stays at `target_share` of GPU
+    memory (1 when memory was not measured; at most `limit`)."""
+    if not (cost.mem_total_gb > 0 and cost.trainer_peak_gb > 0):
+        return 1.0
+    static = STATIC_MEMORY_SHARE * cost.trainer_peak_gb
+    room = target_share * cost.mem_total_gb - CONTEXT_GB - static
+    grow = room / (cost.trainer_peak_gb - static)
+    return float(np.clip(grow, 1.0, limit))
+
