@@ -27,7 +27,8 @@ PLAN_KEY = "plan"  # problems not tied to one knob
 HOT_WORDS = "hot: the runner applies it at the next step boundary, no restart"
 RESTART_WORDS = ("restart: checkpoint at the next step boundary → relaunch verl with the new plan → verl start-up "
                  "(~3–4 min on an H200) → resume from the checkpoint")
-# A restart's stages and the event that marks each one done (events newer than the Apply press).
+# A restart's stages: the first three end with the event of that kind (newer than the Apply press), the last when the
+# handle says resumed.
 RESTART_STAGES = (
     ("checkpoint", "checkpoint at the step boundary"),
     ("launched", "relaunch verl with the new plan"),
@@ -79,6 +80,9 @@ class ChangesPanel:
         self.parse_errors: dict[str, str] = {}
         self.tracked: Tracked | None = None
         self._operator_shown: bool | None = None  # editors' enabled state follows this (a token may unlock them)
+        self.edit_irrelevant = W.Checkbox(value=False, indent=False, _dom_classes=["wb-edit-irrelevant"],
+                                          description="also edit knobs the plan in force doesn't use")
+        self.edit_irrelevant.observe(lambda _: self._enable(force=True), "value")
         self.featured = W.VBox(_dom_classes=["wb-knob-groups"])
         self.more = W.Accordion(_dom_classes=["wb-more-knobs"])
         self.placement_editors = W.VBox(_dom_classes=["wb-placement-knobs"])  # shown by the device planner
@@ -90,7 +94,7 @@ class ChangesPanel:
         self.discard_button.on_click(lambda _: self.discard())
         self.progress = W.HTML(_dom_classes=["wb-apply-progress"])
         self.widget = W.VBox(
-            [heading("Knobs"), self.featured, self.more, heading("Pending changes"), self.diff,
+            [heading("Knobs"), self.edit_irrelevant, self.featured, self.more, heading("Pending changes"), self.diff,
              W.HBox([self.apply_button, self.discard_button]), self.progress],
             _dom_classes=["wb-changes"],
         )
@@ -178,7 +182,7 @@ class ChangesPanel:
         assign(self.diff, value="".join(parts))
         self._enable()
 
-    def _enable(self) -> None:
+    def _enable(self, force: bool = False) -> None:
         operator = self.ctx.operator
         in_flight = self.tracked is not None and not self.tracked.done
         p = self.preview
@@ -187,9 +191,11 @@ class ChangesPanel:
                else "" if ready else "no valid pending change")
         assign(self.apply_button, disabled=bool(why), tooltip=why)
         assign(self.discard_button, disabled=not operator or (p is None and not self.parse_errors))
-        if operator != self._operator_shown:
-            for editor in self.editors.values():
-                editor.set_enabled(operator, READ_ONLY_REASON)
+        assign(self.edit_irrelevant, disabled=not operator)
+        if force or operator != self._operator_shown:
+            with self.ctx.lock:
+                for editor in self.editors.values():
+                    editor.set_enabled(operator, READ_ONLY_REASON, self.edit_irrelevant.value)
             self._operator_shown = operator
 
     # ----------------------------------------------------------------- apply
@@ -243,7 +249,7 @@ class ChangesPanel:
         since = events[events["t"] >= tracked.pressed_at - 1.0] if len(events) else events
         kinds = set(since["kind"]) if len(since) else set()
         if handle.mode == "restart":
-            done = {name for name, _ in RESTART_STAGES if name in kinds}
+            done = {name for name, _ in RESTART_STAGES[:-1] if name in kinds}
             if state == "resumed":
                 done |= {name for name, _ in RESTART_STAGES}
             stages = _stage_list(RESTART_STAGES, done, failed)
@@ -270,6 +276,7 @@ class ChangesPanel:
                     self._build(knobs, gpu_count)
                     self._render_diff()
                 elif self._sync(knobs):
+                    self._enable(force=True)
                     self._edited()
             if progress is not None and self.tracked is not None:
                 markup, problems, done = progress

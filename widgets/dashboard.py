@@ -210,7 +210,7 @@ class Dashboard:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-        self.widget.close_all() if hasattr(self.widget, "close_all") else self.widget.close()
+        self.widget.close()
 
     # ----------------------------------------------------------------- operator token typed into the page
     def _unlock(self) -> None:

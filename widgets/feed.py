@@ -114,6 +114,8 @@ class Feed:
     def _step_samples(self) -> pd.DataFrame:
         """Samples aggregated over the time span of the steps the step breakdown shows."""
         recent = self.steps.iloc[-STEPS_SHOWN:]
+        if recent.empty:
+            return pd.DataFrame()
         first_step_s = recent["timing_s/step"].iloc[0] if "timing_s/step" in recent else 0.0
         first = float(recent["t"].iloc[0]) - (0.0 if pd.isna(first_step_s) else float(first_step_s))
         span = max(time.time(), float(recent["t"].iloc[-1])) - first + 5.0

@@ -83,7 +83,7 @@ class KnobEditor:
             low = int(low) if low is not None else 0
             if high is None:
                 top = max(abs(v) for v in (value, default, low, 4) if isinstance(v, (int, float)))
-                high = 2 ** math.ceil(math.log2(4 * top))
+                high = 2 ** math.ceil(math.log2(16 * top))
             widget = W.IntSlider(value=value if value is not None else low, min=low, max=int(high), **common)
         elif self.kind == "float" and low is not None and high is not None:
             widget = W.FloatSlider(value=value if value is not None else low, min=low, max=high, step=0.01,
@@ -148,7 +148,7 @@ class KnobEditor:
                 self.control.value = as_text(self.kind, self.current)
             elif isinstance(self.control, (W.IntSlider, W.FloatSlider)):
                 if self.current is not None and self.current > self.control.max:
-                    self.control.max = type(self.control.max)(2 ** math.ceil(math.log2(4 * self.current)))
+                    self.control.max = type(self.control.max)(2 ** math.ceil(math.log2(16 * self.current)))
                 self.control.value = self.current if self.current is not None else self.control.min
             else:
                 self.control.value = self.current
@@ -156,8 +156,10 @@ class KnobEditor:
             self._quiet = False
         self.mark()
 
-    def set_enabled(self, operator: bool, read_only_reason: str) -> None:
-        enabled = operator and self.relevant
+    def set_enabled(self, operator: bool, read_only_reason: str, edit_irrelevant: bool = False) -> None:
+        """Off for viewers; off where the knob changes nothing in the plan in force, unless the operator asks to
+        edit such knobs too (a change that turns them on, e.g. use_dynamic_bsz with budgets, or a plan to match)."""
+        enabled = operator and (self.relevant or edit_irrelevant)
         controls = self._gpu_buttons if self.kind == "gpus" else [self.control]
         for control in controls:
             if control.disabled == enabled:

@@ -7,38 +7,24 @@ placement is previewed and applied like any other change.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable
+from typing import Any
 
 import ipywidgets as W
 import pandas as pd
 
-from .common import Raw, assign, fmt, heading, table
+from .common import Raw, assign, heading, table
 
 ROLES = ("actor+rollout+ref", "critic", "reward", "rollout")
 MIB_PER_GB = 1024.0
 
 
 def _roles(value: Any) -> set[str]:
-    """Roles from a placement cell: a list, or a '+'/','-joined string whose parts may combine ("actor+rollout+ref")."""
-    if value is None or (isinstance(value, float) and value != value):
+    """Grid columns from a placement cell: a list of role names ("actor_rollout_ref" is the actor+rollout+ref
+    worker; "rollout" a rollout server, colocated or on its own GPUs)."""
+    if value is None or isinstance(value, float):
         return set()
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.replace(",", ";").split(";") if p.strip()]
-    else:
-        parts = [str(p) for p in value]
-    found = set()
-    for part in parts:
-        if part in ROLES:
-            found.add(part)
-        else:  # "actor_rollout_ref+critic" style (worker classes that hold several roles)
-            words = part.replace("_", "+").split("+")
-            if {"actor", "rollout", "ref"} & set(words) and "critic" in words:
-                found |= {"actor+rollout+ref", "critic"}
-            elif {"actor", "ref"} & set(words):
-                found.add("actor+rollout+ref")
-            else:
-                found |= {w for w in words if w in ROLES} or {part}
-    return found
+    names = [value] if isinstance(value, str) else [str(v) for v in value]
+    return {"actor+rollout+ref" if name in ("actor_rollout_ref", "actor", "ref") else name for name in names}
 
 
 def _gb(mib: Any) -> str:
@@ -48,34 +34,42 @@ def _gb(mib: Any) -> str:
         return "–"
 
 
-def _processes(procs: Iterable[dict] | None) -> str:
-    if not procs:
+def _processes(processes: Any) -> str:
+    """`{"role (pid N)": MiB}` as lines of "role (pid N): x GB"."""
+    if not isinstance(processes, dict) or not processes:
         return "<span class='wb-muted'>none seen</span>"
-    return "<br>".join(
-        f"{html.escape(str(p.get('role', '?')))} (pid {html.escape(str(p.get('pid', '?')))}): "
-        f"{_gb(p.get('mem_used'))} GB" for p in procs
-    )
+    return "<br>".join(f"{html.escape(str(name))}: {_gb(mib)} GB" for name, mib in processes.items())
 
 
-def placement_rows(placement: pd.DataFrame) -> tuple[list[list[Any]], list[str], list[str]]:
+def gpu_memory(samples: pd.DataFrame) -> dict[int, tuple[float, float]]:
+    """GPU index -> (MiB used, MiB total) in the newest bucket of the feed's aggregated samples."""
+    if samples is None or not len(samples) or "mem_used" not in samples:
+        return {}
+    newest = samples.sort_values("t").groupby("gpu").tail(1)
+    total = newest["mem_total"] if "mem_total" in newest else pd.Series(float("nan"), index=newest.index)
+    return {int(g): (float(u), float(t)) for g, u, t in zip(newest["gpu"], newest["mem_used"], total)}
+
+
+def placement_rows(placement: pd.DataFrame, memory: dict[int, tuple[float, float]]) \
+        -> tuple[list[list[Any]], list[str], list[str]]:
     """Grid rows, their CSS classes and the mismatch messages, from `Session.placement()`."""
     rows, classes, warnings = [], [], []
     for rec in placement.to_dict("records"):
         planned, actual = _roles(rec.get("planned")), _roles(rec.get("actual"))
         cells = []
         for role in ROLES:
-            mark = ("✓ planned" if role in planned else "") + (" · ● running" if role in actual else "")
-            if role in actual and role not in planned:
-                mark = "● running (not planned)"
-            cells.append(mark.strip(" ·") or "")
-        others = sorted(actual - set(ROLES) - {"other"})
-        mem = f"{_gb(rec.get('mem_used'))} / {_gb(rec.get('mem_total'))} GB"
-        gpu = f"{rec.get('node', '')}:{rec.get('gpu')}" if rec.get("node") not in (None, "", "vm") else rec.get("gpu")
-        rows.append([fmt(gpu), *cells, ", ".join(others), mem, Raw(_processes(rec.get("procs")))])
+            if role in planned:
+                cells.append("✓ planned · ● running" if role in actual else "✓ planned")
+            else:
+                cells.append("● running (not planned)" if role in actual else "")
+        others = sorted(actual - set(ROLES))
+        used, total = memory.get(int(rec["gpu"]), (float("nan"), float("nan")))
+        rows.append([rec["gpu"], *cells, ", ".join(others), f"{_gb(used)} / {_gb(total)} GB",
+                     f"{_gb(rec.get('mem_used'))} GB", Raw(_processes(rec.get("processes")))])
         mismatch = bool(rec.get("mismatch"))
         classes.append("wb-warn" if mismatch else "")
         if mismatch:
-            warnings.append(f"GPU {gpu}: {rec.get('message') or 'actual placement differs from the plan'}")
+            warnings.append(str(rec.get("message") or f"GPU {rec['gpu']}: actual placement differs from the plan"))
     return rows, classes, warnings
 
 
@@ -89,13 +83,14 @@ class PlacementPanel:
         )
 
     def prepare(self, feed, news):
-        if "placement" not in news or feed.placement is None:
+        if not news & {"placement", "samples"} or feed.placement is None:
             return None
         placement = feed.placement
         if not isinstance(placement, pd.DataFrame):
             placement = pd.DataFrame(placement)
-        rows, classes, warnings = placement_rows(placement)
-        grid = table(["GPU", *ROLES, "other processes", "memory used / total", "processes (memory)"], rows,
+        rows, classes, warnings = placement_rows(placement, gpu_memory(feed.samples))
+        grid = table(["GPU", *ROLES, "other roles", "GPU memory used / total", "session processes",
+                      "per process"], rows,
                      css="wb-table wb-placement-table", row_classes=classes)
         warn = "".join(f"<div class='wb-warning'>⚠ {html.escape(w)}</div>" for w in warnings)
         return grid, warn or "<span class='wb-muted'>Actual placement matches the plan.</span>"
