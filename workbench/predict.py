@@ -275,8 +275,7 @@ def predict(cost: SegmentCost, after: Mapping[str, Any]) -> Prediction:
     """The plan with knob values `after`, predicted from the measured segment `cost`."""
     before = cost.knobs
     phase = dict(cost.phase_s)
-    spread = cost.step_spread
-    absolute = {p: (s * spread) ** 2 for p, s in phase.items()}
+    absolute: dict[str, float] = {}  # variance each moved phase adds (seconds²)
     sources: dict[str, str] = {}
     for group, factors, uncertainty in _effects(before, after):
         for p, factor in factors.items():
@@ -290,7 +289,9 @@ def predict(cost: SegmentCost, after: Mapping[str, Any]) -> Prediction:
     changed = [name for name in after if after[name] != before.get(name)]
     unmodelled = tuple(name for name in changed if name not in _GROUP_OF)
     step = sum(phase.values()) + cost.other_s
-    variance = sum(absolute.values()) + (UNMODELLED_UNCERTAINTY * step) ** 2 * bool(unmodelled)
+    # The basis segment's own step-to-step spread, the moved phases' prior uncertainties, unmodelled knobs.
+    variance = (step * cost.step_spread) ** 2 + sum(absolute.values()) + \
+        (UNMODELLED_UNCERTAINTY * step) ** 2 * bool(unmodelled)
     uncertainty = math.sqrt(variance) / step if step > 0 else float("nan")
 
     trainer = _trainer_peak(cost, after)

@@ -1,0 +1,137 @@
+"""The what-if model on real H200 segments (tests/h200_traces.py, workbench/assets/recordings): predictions of one
+plan from another plan's measurements, OOM warnings, uncertainty. bench/predict_error.py measures the error over
+every held-out pair; these tests pin a few of them and the model's behaviour."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from tests.h200_traces import PLANS, frames
+from tests.plan_fixtures import runnable_overrides, tiny_model  # noqa: F401 (fixture)
+from workbench import predict
+from workbench.advisor import measurements
+from workbench.plan import Plan
+from workbench.session import resolve_recording
+from workbench.store import Store
+
+
+class Runs:
+    def __init__(self, base: Plan):
+        self.base = base
+
+    @functools.cache
+    def knobs(self, name: str) -> dict:
+        return self.base.with_changes(PLANS[name]).knob_values()
+
+    @functools.cache
+    def m(self, name: str):
+        steps, samples = frames(name)
+        return measurements(steps, samples, self.knobs(name))
+
+    def cost(self, name: str) -> predict.SegmentCost:
+        return predict.segment_cost(self.m(name))
+
+    def measured_step(self, name: str) -> float:
+        return float(self.m(name).steps["timing_s/step"].median())
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model):  # noqa: F811
+    return Runs(Plan.from_verl(runnable_overrides(tiny_model)))
+
+
+def test_calibration_reads_phases_tokens_and_memory(runs):
+    cost = runs.cost("fused_A")
+    assert cost.steps == (2, 3)  # step 1 is warm-up
+    assert cost.phase_s["update_actor"] == pytest.approx((40.87 + 38.32) / 2, abs=0.01)
+    assert cost.step_s == pytest.approx((66.73 + 62.86) / 2, abs=0.01)
+    assert cost.trainer_peak_gb == pytest.approx(27.03, abs=0.01)
+    assert cost.mem_total_gb == pytest.approx(143_771 / 1024)
+    assert sum(cost.phase_s.values()) + cost.other_s == pytest.approx(cost.step_s)
+
+
+def test_same_plan_predicts_the_measurement_with_its_own_spread(runs):
+    cost = runs.cost("fused_C")
+    p = predict.predict(cost, runs.knobs("fused_C"))
+    assert p.step_s == pytest.approx(cost.step_s) and p.sources == {} and p.unmodelled == ()
+    assert p.uncertainty == pytest.approx(cost.step_spread, rel=0.01)
+
+
+@pytest.mark.parametrize("source,target,in_sample", [
+    ("fused_A", "fused_C", True),   # the fused-kernel prior was read off this pair
+    ("fused_A", "fused_D", False),  # another run of the fused plan (8 agent workers)
+    ("A", "B", False),              # 2026-11-30: budgets, no checkpointing, rollout memory 0.6
+    ("B", "fused_C", False),        # tuned → fused, across days
+])
+def test_held_out_predictions_within_15_percent(runs, source, target, in_sample):
+    p = predict.predict(runs.cost(source), runs.knobs(target))
+    assert p.step_s == pytest.approx(runs.measured_step(target), rel=0.15)
+    low, high = p.step_range_s
+    assert low <= runs.measured_step(target) <= high
+
+
+def test_fused_kernels_move_the_log_prob_phases_and_name_their_source(runs):
+    p = predict.predict(runs.cost("fused_A"), {**runs.knobs("fused_A"), "fused_kernels": True})
+    frame = p.frame().set_index("phase")
+    assert frame.loc["update_actor", "predicted_s"] == pytest.approx(0.14 * frame.loc["update_actor", "measured_s"])
+    assert frame.loc["gen", "predicted_s"] == frame.loc["gen", "measured_s"]
+    assert "h200_fused_logprob_2026-12-01" in p.sources["fused_kernels"]
+    back = predict.predict(predict.segment_cost(runs.m("fused_A")), runs.knobs("fused_A"))
+    assert back.step_s == pytest.approx(runs.cost("fused_A").step_s)
+
+
+def test_huge_budgets_warn_of_an_oom_before_anything_is_queued(runs):
+    huge = {**runs.knobs("fused_C"), "actor_token_budget": 262144, "logprob_token_budget": 262144,
+            "critic_token_budget": 262144}
+    p = predict.predict(runs.cost("fused_C"), huge)
+    assert p.oom and p.gpu_peak_share > 0.95
+    assert p.warnings["plan"].startswith("out of memory predicted") and "actor_token_budget" in p.warnings["plan"]
+    fine = predict.predict(runs.cost("fused_C"), runs.knobs("fused_C"))
+    assert not fine.oom and fine.warnings == {}
+
+
+def test_rollout_memory_share_moves_the_generation_peak(runs):
+    cost = runs.cost("fused_C")
+    p = predict.predict(cost, {**runs.knobs("fused_C"), "rollout_gpu_memory": 0.9})
+    assert p.gpu_peak_gb == pytest.approx(cost.gpu_peak_gb + 0.5 * cost.mem_total_gb)
+    assert p.oom
+
+
+def test_an_unmodelled_knob_widens_the_band_and_says_so(runs):
+    knobs = runs.knobs("fused_C")
+    p = predict.predict(runs.cost("fused_C"), {**knobs, "rollout_tp": 2})
+    assert p.unmodelled == ("rollout_tp",) and "rollout_tp" in p.warnings
+    assert p.uncertainty > predict.UNMODELLED_UNCERTAINTY
+
+
+def test_recorded_session_segments_predict_each_other():
+    recording = resolve_recording("h200-proof")
+    store = Store(recording, readonly=True)
+    steps, samples = store.frame("steps"), store.frame("samples")
+    plans = {row["id"]: Plan.from_json(row["plan_json"]).knob_values() for row in store.rows("segments")}
+    store.close()
+    source = measurements(steps, samples, plans[2], segment_id=2)
+    target = measurements(steps, samples, plans[3], segment_id=3)  # LoRA critic + colocate_async
+    p = predict.predict(predict.segment_cost(source), plans[3])
+    assert set(p.sources) == {"critic_lora", "colocate_async"}
+    assert p.step_s == pytest.approx(float(target.steps["timing_s/step"].median()), rel=0.15)
+
+
+def test_closest_cost_is_the_segment_with_fewest_differences(runs):
+    costs = [runs.cost("fused_A"), runs.cost("fused_C")]
+    assert predict.closest_cost(costs, runs.knobs("fused_D")) is costs[1]
+    assert predict.closest_cost(costs, runs.knobs("A")) is costs[0]
+    assert predict.closest_cost([], runs.knobs("A")) is None
+
+
+def test_budget_scale_from_memory_per_token(runs):
+    cost = runs.cost("fused_C")  # 68.4 GiB reserved at 32 768-token micro batches on a 140 GiB GPU
+    scale = predict.budget_scale_for_memory(cost, 0.8, 4.0)
+    static = predict.STATIC_MEMORY_SHARE * cost.trainer_peak_gb
+    assert static + (cost.trainer_peak_gb - static) * scale + predict.CONTEXT_GB == pytest.approx(
+        0.8 * cost.mem_total_gb)
+    assert 1.0 < scale < 4.0
+    assert not math.isnan(scale)
