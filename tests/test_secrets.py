@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from pathlib import Path
 
@@ -154,3 +155,51 @@ def test_no_bundled_file_holds_a_credential_in_plain_text():
     pattern = re.compile(rb'"(?:token|signature|nonce)": "[0-9a-f]{16,}"')
     for path in _bundled_files():
         assert not pattern.search(path.read_bytes()), path
+
+
+# ------------------------------------------------------------------------------------------------ a test session
+def _owner_only(directory: Path) -> list[str]:
+    """Paths under `directory` (itself included) that others could read or enter."""
+    found = []
+    for path in [directory, *directory.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            found.append(f"{path.relative_to(directory.parent)} {oct(mode)}")
+    return found
+
+
+def test_a_session_writes_no_secret_and_no_token_and_keeps_to_its_owner(home, monkeypatch):
+    """A replayed session whose kernel and supervisor hold a credential in their environment (as a live session's
+    do: workbench/redact.py): no file it writes holds the credential, none but the token file holds the operator
+    token, and every file and directory is its owner's alone."""
+    from workbench import control as c
+    from workbench.session import Session
+
+    monkeypatch.setenv(redact.SECRETS_ENV, json.dumps({ENV_KEY: TEST_SECRET}))
+    monkeypatch.setenv("WANDB_API_KEY", TEST_SECRET)
+    session = Session.replay("h200-lora-critic-sync", speed=400)
+    session.wait_until(lambda s: s.state in c.ENDED_STATES and not s._supervisor_alive(), timeout=120, poll=0.1)
+    token = (session.dir / c.TOKEN_FILE).read_text().strip()
+    session.export("command"), session.export("yaml")
+    session.close()
+    written = [p for p in session.dir.rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"session.sqlite", "supervisor.log", c.TOKEN_FILE}
+    for path in written:
+        data = path.read_bytes()
+        assert TEST_SECRET.encode() not in data, path
+        if path.name != c.TOKEN_FILE:
+            assert token.encode() not in data, path
+    assert _owner_only(session.dir) == []
+
+
+def test_bundled_files_hold_no_test_secret_and_no_token():
+    """Everything the package ships (workbench/, widgets/, notebooks/): no credential of these tests, no session's
+    operator token (the recordings' old ones are scrubbed)."""
+    pattern = re.compile(rb'"(?:token|signature)": "[0-9a-f]{16,}"')
+    shipped = [p for top in ("workbench", "widgets", "notebooks") for p in (REPO / top).rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts]
+    assert len(shipped) > 20
+    for path in shipped:
+        data = path.read_bytes()
+        assert TEST_SECRET.encode() not in data, path
+        assert not pattern.search(data), path

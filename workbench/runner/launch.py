@@ -18,7 +18,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from ..store import Store
-from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, runtime_config
+from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, die_with_supervisor, runtime_config
 from .task_runner import WorkbenchTaskRunner
 
 def run_segment(session_dir: Path, segment_id: int) -> None:
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="verl Hydra overrides (overrides mode)")
     args = parser.parse_args(argv)
     if args.session is not None:
+        die_with_supervisor()
         if args.segment is None:
             parser.error("--session needs --segment")
         run_segment(args.session, args.segment)
