@@ -3,7 +3,7 @@ ticks at 2 Hz with memory watched (tracemalloc and RSS), against a long session'
 
 Store: bench/synthetic_store.py (SYNTHETIC load: 8 GPUs × 1 h × 10 Hz samples, 2 000 steps), attached read-only
 as a viewer. During the minute a producer appends what a live session writes in 0.5 s before each tick (5 samples
-per GPU; a step every 24 ticks), and each tick runs what the dashboard's update task runs (`_read(full=False)` in
+per GPU; a step every 24 ticks), and each tick runs what the dashboard's update task runs (`_read(False)` in
 place of its worker thread, then `_show`). Goal (issue 11 / the dashboard issue): ≤ 200 ms per full refresh.
 """
 
@@ -60,7 +60,7 @@ def run(ctx: Context) -> dict:
         started = time.monotonic()
         append_live_tick(writer, gpus, tick, segment_id, step_metrics)
         with Timer() as t:
-            d._show(d._read(full=False))
+            d._show(d._read(False))  # what the update task runs each tick (widgets/dashboard.py: _run)
         ticks.append(t.ms)
         if tick % 20 == 0:
             memory.append({"tick": tick, "rss_mb": proc.memory_info().rss / 2**20,

@@ -1,0 +1,75 @@
+"""The benchmark scripts run (marker `bench`): each CPU measure once in --quick mode (few repetitions, a small
+synthetic store, a fast replay of the real recording h200-proof), and the GPU campaign's driver as a dry run on that
+replay. These check that the scripts work and write well-formed results; they measure nothing (RULES: speed goals
+are met in bench/, never in timed tests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.common import goal_met, result, write
+from bench.measures import CPU_MEASURES, Context, module
+from bench.table import load, table
+
+pytestmark = pytest.mark.bench
+
+FIELDS = {"measure", "value", "unit", "goal", "goal_met", "machine", "gpu", "driver", "versions", "model_shape",
+          "plan_overrides", "repetitions", "median", "spread", "details", "notes", "command"}
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    context = Context(machine="ci-quick", quick=True)
+    yield context
+    context.cleanup()
+
+
+@pytest.mark.parametrize("name", CPU_MEASURES)
+def test_cpu_measure_runs_and_writes_a_full_result(name, ctx, tmp_path, home):
+    res = module(name).run(ctx)
+    assert FIELDS <= set(res)
+    assert res["measure"] == name
+    assert res["repetitions"], "every repetition is kept"
+    assert isinstance(res["value"], (int, float))
+    assert res["spread"]["n"] >= 1 and res["median"] is not None
+    path = write(res, tmp_path)
+    assert json.loads(path.read_text())["measure"] == name
+
+
+def test_result_format_and_table(tmp_path):
+    res = result("x_cost", value=3.0, unit="ms", goal="<= 5 ms", repetitions=[1, 3, {"value": 7, "case": "b"}],
+                 machine="m1", env={"machine": "m1", "gpu": None, "driver": None, "versions": {"verl": "0.9.1"}})
+    assert res["median"] == 3 and res["spread"]["min"] == 1 and res["spread"]["max"] == 7 and res["goal_met"] is True
+    assert goal_met(6, "<= 5 ms") is False and goal_met(4.1, ">= 4") is True and goal_met(1, None) is None
+    write(res, tmp_path / "m1")
+    rows = load(tmp_path)
+    assert [r["measure"] for r in rows] == ["x_cost"]
+    assert "| m1 | x_cost | 3 ms | <= 5 ms | yes |" in table(rows)
+
+
+def test_gpu_campaign_driver_dry_run_on_a_replay(tmp_path, home):
+    from bench.gpu.campaign import Campaign
+
+    out = tmp_path / "campaign"
+    Campaign(out, replay=True, budget_s=300, steps_before=2, steps_after=2, plain_steps=3, assets=tmp_path,
+             machine="ci-replay").run()
+    progress = (out / "progress.log").read_text()
+    assert progress.rstrip().endswith("DONE")
+    for measure in ("tuning_speedup", "restart_vs_cold"):
+        res = json.loads((out / "results" / f"{measure}.json").read_text())
+        assert res["notes"].startswith("DRY RUN ON A REPLAY")
+        assert res["repetitions"]
+    speed = json.loads((out / "results" / "tuning_speedup.json").read_text())
+    assert speed["details"]["before"]["steps"] and speed["details"]["after"]["steps"]
+    assert (out / "recording.tar.gz").exists() and (out / "per_step.csv").exists()
+
+
+def test_plain_overrides_replace_keys_instead_of_repeating_them():
+    from bench.gpu.campaign import plain_overrides
+
+    out = plain_overrides(["trainer.logger=[console]", "trainer.total_training_steps=60", "+critic.x=1", "a.b=2"], steps=7)
+    keys = [o.split("=", 1)[0].lstrip("+") for o in out]
+    assert len(keys) == len(set(keys))
+    assert "trainer.total_training_steps=7" in out and "trainer.logger=[console,file]" in out and "a.b=2" in out
