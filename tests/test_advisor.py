@@ -14,8 +14,7 @@ import pytest
 
 from tests.h200_traces import A_PLAN, B_PLAN, C_PLAN, D_PLAN, H200_MEM_TOTAL_MIB, NODE, RUN_PLAN, frames
 from tests.plan_fixtures import runnable_overrides, tiny_model  # noqa: F401 (fixture)
-from workbench.advisor import (FINDING_COLUMNS, FUSED_BUDGETS, RULES, THRESHOLDS, Finding, advise, apply_finding,
-                               findings_frame)
+from workbench.advisor import FINDING_COLUMNS, FUSED_BUDGETS, RULES, THRESHOLDS, Finding, advise, findings_frame
 from workbench.knobs import ALGORITHM_KNOBS, KNOBS
 from workbench.plan import Plan
 from workbench.session import Session
@@ -411,15 +410,15 @@ def test_apply_finding_hands_the_change_to_the_session(advised):
     class FakeSession:
         applied = []
 
-        def apply(self, change):
+        def apply(self, change, wait=False):
             self.applied.append(change)
             return "queued"
 
     f = advised.finding("A", "logprob-loop")
     session = FakeSession()
-    assert apply_finding(session, f) == "queued" and session.applied == [f.change]
+    assert Session.apply_finding(session, f) == "queued" and session.applied == [f.change]
     with pytest.raises(ValueError, match="no knob change"):
-        apply_finding(session, advised.finding("weight_sync_plain", "weight-sync"))
+        Session.apply_finding(session, advised.finding("weight_sync_plain", "weight-sync"))
 
 
 def test_session_advice_reads_the_store_and_the_plan(tmp_path, advised):

@@ -26,7 +26,7 @@ def test_live_session_hot_applies_a_token_budget(home):
     session = Session.start(offline_plan(assets))
     try:
         session.wait_for_step(2, timeout=900)
-        result = session.apply({"actor_token_budget": 8192})
+        result = session.apply({"actor_token_budget": 8192}, wait=True)
         assert result.mode == "hot"
         applied = session.wait_until(lambda s: (s.events().kind == "applied").any(), timeout=300).events()
         from_step = applied[applied.kind == "applied"].iloc[-1]["data"]["from_step"]

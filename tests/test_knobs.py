@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.knobs import APPLY_CLASSES, KNOBS, WORKBENCH_KNOBS, Knob
-from workbench.runner import verl_config
+from workbench import verl_config
 
 ENV_NODE_PARENT = "ray_kwargs.ray_init.runtime_env"
 

@@ -13,7 +13,7 @@ from tests.plan_fixtures import default_plan, runnable_overrides, runnable_plan,
 from workbench import plan as plan_module
 from workbench.knobs import KNOBS, WORKBENCH_KNOBS
 from workbench.plan import Plan, PlanError
-from workbench.runner import verl_config
+from workbench import verl_config
 
 HOME = os.path.expanduser("~")
 # verl's docs/start/quickstart.rst: PPO on one GPU with Qwen2.5-0.5B-Instruct (the shell expands $HOME).
@@ -211,8 +211,8 @@ def test_bad_plan_names_the_knob_and_leaves_the_plan_alone(runnable_plan, extra,
     with pytest.raises(PlanError) as caught:
         start.with_changes(changes).validate(gpu_count=gpu_count)
     problems = caught.value.problems
-    assert str(caught.value) == "\n".join(problems)
-    assert any(knob in problem.split(": ")[0].split(", ") and words in problem for problem in problems), problems
+    assert str(caught.value) == "\n".join(caught.value.messages)
+    assert knob in problems and words in problems[knob], problems
     assert (runnable_plan.to_json(), runnable_plan.knob_values(), written(runnable_plan.config)) == before
 
 

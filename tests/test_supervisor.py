@@ -54,24 +54,21 @@ def test_traceback_tail_starts_at_the_last_traceback(tmp_path):
     assert traceback_tail(tmp_path / "missing.log") == ""
 
 
-def test_commands_are_signed_and_a_copied_signature_is_refused(tmp_path):
-    from workbench.store import Store
-    from workbench.supervisor import TOKEN_FILE, Supervisor, signed
+def test_commands_are_signed_and_a_copied_signature_is_refused():
+    from workbench.control import SignatureCheck, signed
 
     token = "operator-secret"
-    (tmp_path / TOKEN_FILE).write_text(token)
-    Store(tmp_path)
-    supervisor = Supervisor(tmp_path)
+    check = SignatureCheck(token)
     payload = signed(token, "pause", {})
     assert token not in str(payload)
-    assert supervisor.is_from_operator("pause", dict(payload))
-    assert not supervisor.is_from_operator("pause", dict(payload)), "a signature must not work twice"
-    assert not supervisor.is_from_operator("stop", dict(signed(token, "pause", {}))), "signed for another kind"
-    assert not supervisor.is_from_operator("pause", dict(signed("a viewer's guess", "pause", {})))
+    assert check.verify("pause", dict(payload))
+    assert not check.verify("pause", dict(payload)), "a signature must not work twice"
+    assert not check.verify("stop", dict(signed(token, "pause", {}))), "signed for another kind"
+    assert not check.verify("pause", dict(signed("a viewer's guess", "pause", {})))
     tampered = signed(token, "apply", {"changes": {"actor_token_budget": 8192}})
     tampered["changes"] = {"actor_token_budget": 10**9}
-    assert not supervisor.is_from_operator("apply", tampered)
-    assert not supervisor.is_from_operator("pause", {})
+    assert not check.verify("apply", tampered)
+    assert not check.verify("pause", {})
 
 
 def test_restart_environment_says_what_a_relaunch_cannot_carry_over(tmp_path):

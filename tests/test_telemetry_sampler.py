@@ -16,7 +16,7 @@ from tests.telemetry_traces import QUICKSTART, TUNED
 from workbench.store import Store
 from workbench.telemetry.nvml import TraceReader
 from workbench.telemetry.roles import UNKNOWN_ROLE, RoleAttributor, WorkersTable, classify_title
-from workbench.telemetry.sampler import Sampler
+from workbench.telemetry.sampling import Sampler
 
 
 class CountingStore(Store):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -28,8 +28,6 @@ from .store import SAMPLE_COLUMNS
 from .telemetry.balance import THRESHOLDS as BALANCE_THRESHOLDS
 from .telemetry.balance import balance_frame
 
-if TYPE_CHECKING:
-    from .session import ApplyResult, Session
 
 SEVERITIES = ("high", "medium", "low")
 GIB_PER_MIB = 1 / 1024
@@ -747,10 +745,3 @@ def advise(steps: pd.DataFrame, samples: pd.DataFrame, knobs: Mapping[str, Any],
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:
     """One row per finding, columns in Finding's field order."""
     return pd.DataFrame([asdict(f) for f in findings], columns=list(FINDING_COLUMNS))
-
-
-def apply_finding(session: "Session", finding: Finding) -> "ApplyResult":
-    """Apply a finding's proposed change to the session (validated there like any change)."""
-    if not finding.change:
-        raise ValueError(f"{finding.rule}: this finding proposes no knob change ({finding.expected})")
-    return session.apply(finding.change)

@@ -116,7 +116,7 @@ def _reporting_problems(handler):
         try:
             return handler(args)
         except PlanError as error:
-            print("plan problems:", *error.problems, sep="\n  ", file=sys.stderr)
+            print("plan problems:", *error.messages, sep="\n  ", file=sys.stderr)
         except (ValueError, OSError) as error:
             print(f"plan: {error}", file=sys.stderr)
         return EXIT_INVALID

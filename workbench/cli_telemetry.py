@@ -15,7 +15,7 @@ from .paths import resolve_session_dir
 from .store import SAMPLE_COLUMNS, Store
 from .telemetry.balance import balance_frame, balance_verdicts
 from .telemetry.nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
-from .telemetry.sampler import EXIT_NO_NVML, Sampler
+from .telemetry.sampling import EXIT_NO_NVML, Sampler
 
 
 def add_telemetry_commands(subparsers: argparse._SubParsersAction) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from workbench.runner import verl_config
+from workbench import verl_config
 
 KINDS = ("int", "float", "bool", "choice", "str", "gpus", "env")
 APPLY_CLASSES = ("hot", "restart")

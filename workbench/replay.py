@@ -3,7 +3,7 @@
 A recording is a session directory (see store.py). `replay_factory` gives the supervisor a run factory; each run
 copies the recorded rows of the recorded segment whose plan matches into this session's store, re-timed to now:
 steps at their recorded spacing / speed, and the samples, procs, workers and events of the same time window.
-It answers the supervisor's directives at step boundaries the way the live trainer does (runner/trainer.py), so
+It answers the supervisor's directives at step boundaries with the live trainer's own executor (boundary.py), so
 the supervisor's own paths run unchanged: pause / resume, hot apply (the recorded segment with the new plan takes
 over in the same run), checkpoint-and-exit (the next run continues in the recorded segment of the pending plan),
 stop, and a crash: a recorded one (a failed recorded segment plays until it died, then exits with its recorded
@@ -20,7 +20,6 @@ keep their recorded text, and the replay's own events say "replay".
 from __future__ import annotations
 
 import functools
-import queue
 import threading
 import time
 import traceback
@@ -32,25 +31,21 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from . import control as c
+from .boundary import HotChange, StepBoundary
 from .plan import Plan
 from .store import PROC_COLUMNS, SAMPLE_COLUMNS, Store
-from .supervisor import ANSWERED, SIGNATURE_FIELDS, TOKEN_FILE, USER_COMMANDS, Run, signed
 
 TICK_S = 0.1  # the replay wakes this often (wall clock) and writes what the recording did meanwhile, in one batch
 NO_RECORDED_SEGMENT = "this replay has no recorded segment with that plan: applying it needs a GPU (live session)"
-# verl's checkpoint marker: the supervisor reads it to tell a relaunch which step it resumes from.
-CHECKPOINT_MARKER = Path("checkpoints") / "latest_checkpointed_iteration.txt"
 # Recorded events about the recorded session's control and analysis: the replayed session has its own.
-OWN_EVENT_KINDS = frozenset({
-    "launched", "started", "paused", "resumed", "applied", "restart_pending", "checkpoint", "exiting",
-    "not_resumed", "refused", "error", "crash", "stopped", "finished", "advice",
-})
+OWN_EVENT_KINDS = c.CONTROL_EVENT_KINDS
 # The recorded operator's commands that a replay re-issues. A pause and its resume are left out: no recorded step
 # lies between them, so a replayed pause would last one tick.
 REPLAYED_COMMANDS = ("apply", "telemetry", "rollback", "stop")
 # How recordings carry the operator's credentials: a signature (now) or the token itself (before commands were
 # signed). Neither is valid in another session: a re-issued command is signed afresh.
-RECORDED_CREDENTIALS = ("token", *SIGNATURE_FIELDS)
+RECORDED_CREDENTIALS = ("token", *c.SIGNATURE_FIELDS)
 TOOK_CONTROL = "replay: you took control; the recorded operator's remaining commands are not replayed"
 
 
@@ -199,7 +194,7 @@ def _operator_commands(commands: list[dict[str, Any]], steps: list[dict[str, Any
     times = [row["t"] for row in by_time]
     out = []
     for command in commands:
-        if command["kind"] in REPLAYED_COMMANDS and command["state"] == "done":
+        if command["kind"] in REPLAYED_COMMANDS and command["state"] in c.CARRIED_OUT:
             newest = bisect_right(times, command["t"]) - 1
             after_step = by_time[newest]["step"] if newest >= 0 else 0
             payload = {k: v for k, v in command["payload"].items() if k not in RECORDED_CREDENTIALS}
@@ -262,7 +257,7 @@ class RecordedOperator:
             if self._user_took_control():
                 return
             if self._in_flight is not None:
-                if self._store.command(self._in_flight)["state"] in ANSWERED:
+                if self._store.command(self._in_flight)["state"] in c.ANSWERED:
                     with self._lock:
                         self._pending.pop(0)
                         self._in_flight = None
@@ -276,7 +271,7 @@ class RecordedOperator:
         return reached and takes(self._store.meta().get("state", "starting"), command.kind)
 
     def _issue(self, command: RecordedCommand) -> None:
-        payload = signed(self._token, command.kind, {**command.payload, "recorded_command": command.id})
+        payload = c.signed(self._token, command.kind, {**command.payload, "recorded_command": command.id})
         command_id = self._store.put_command(command.kind, payload)
         with self._lock:
             self._issued.add(command_id)
@@ -285,7 +280,7 @@ class RecordedOperator:
     def _user_took_control(self) -> bool:
         for command in self._store.rows("commands", since_id=self._seen):
             self._seen = command["id"]
-            if command["kind"] in USER_COMMANDS and command["id"] not in self._issued:
+            if command["kind"] in c.USER_COMMANDS and command["id"] not in self._issued:
                 with self._lock:
                     self._stopped = True
                     not_replayed = self._pending[1:] if self._in_flight is not None else self._pending
@@ -297,31 +292,34 @@ class RecordedOperator:
         return False
 
 
-class ReplayRun(Run):
-    """One run: a thread that plays recorded segments into the session's store (see the module docstring)."""
+class ReplayRun:
+    """One run: a thread that plays recorded segments into the session's store (see the module docstring). It has
+    the supervisor's Run interface (poll, kill, cannot_apply, log_path)."""
 
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
-        resume_step: int | None, speed: float, crash_due: Callable[[int], bool],
-        directives: queue.Queue[tuple[str, dict[str, Any]]], operator: RecordedOperator | None,
+        resume_step: int | None, speed: float, crash_due: Callable[[int], bool], operator: RecordedOperator | None,
     ):
         self._store = store
         self._recording = recording
         self._dir = session_dir
-        self._segment_id = segment_id
         self._plan = plan
         self._resume_step = resume_step
         self._speed = speed
         self._crash_due = crash_due
-        self._directives = directives
         self._operator = operator
+        self._boundary = StepBoundary(
+            store, segment_id, hot_apply=self._hot_apply, checkpoint=self._checkpoint, end_run=lambda: None,
+            idle=self._idle, replay=True,
+        )
+        self._switch_to: RecordedSegment | None = None  # the recorded segment a hot change continues in
         self._killed = threading.Event()
         self._exit_code: int | None = None
         # Recorded time `_position` has been played up to; `_clock` pairs a wall time with the recorded time it
         # stands for, so the replay keeps the recorded pace across windows (None: start afresh, e.g. after a pause).
         self._position: float | None = None
         self._clock: tuple[float, float] | None = None
-        self.log_path = session_dir / "logs" / f"segment-{segment_id}.log"
+        self.log_path = session_dir / c.LOG_DIR / f"segment-{segment_id}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._thread = threading.Thread(target=self._main, name=f"replay-segment-{segment_id}", daemon=True)
         self._thread.start()
@@ -329,9 +327,6 @@ class ReplayRun(Run):
     # ----------------------------------------------------------------- the Run interface
     def poll(self) -> int | None:
         return None if self._thread.is_alive() else self._exit_code
-
-    def directive(self, kind: str, payload: dict[str, Any]) -> None:
-        self._directives.put((kind, payload))
 
     def kill(self) -> None:
         self._killed.set()
@@ -378,26 +373,25 @@ class ReplayRun(Run):
                 "started",
                 f"replay: recorded segment {segment.id} of {self._recording.name} ready at step {step} "
                 f"({self._speed:g}× real time)",
-                {"segment": self._segment_id, "first_step": step, "recorded_segment": segment.id, "replay": True},
+                {"segment": self._boundary.segment_id, "first_step": step, "recorded_segment": segment.id,
+                 "replay": True},
             )
-            self._store.set_meta(state="running")
+            self._store.set_meta(state=c.RUNNING)
         while index < len(segment.steps):
             row = segment.steps[index]
             self._play_window(segment.work_start(index), row["t"])
             self._wait_for_recorded_operator(step)
-            # What arrived while the step ran takes effect at its boundary; what arrives later, at the next one.
-            arrived = self._take_directives()
             if self._crash_due(step):
                 raise InjectedReplayFault(
                     f"injected replay fault at step {step} (crash_at_step): a test of the crash path, not a verl failure"
                 )
-            self._store.add_step(self._segment_id, step, row["metrics"])
+            self._store.add_step(self._boundary.segment_id, step, row["metrics"])
             self._say(f"step {step}: recorded step {row['step']} of segment {segment.id}")
-            outcome = self._step_boundary(step, arrived)
-            if outcome == "exit":
+            # What arrived before the step ended takes effect at its boundary, as in the live trainer.
+            if self._boundary(step):
                 return 0
-            if isinstance(outcome, RecordedSegment):
-                segment, index = outcome, outcome.first_index_after(step)
+            if self._switch_to is not None:
+                segment, index, self._switch_to = self._switch_to, self._switch_to.first_index_after(step), None
             else:
                 index += 1
             step += 1
@@ -431,12 +425,6 @@ class ReplayRun(Run):
             if self._killed.wait(TICK_S):
                 raise _Killed()
 
-    def _take_directives(self) -> list[tuple[str, dict[str, Any]]]:
-        taken = []
-        while not self._directives.empty():
-            taken.append(self._directives.get_nowait())
-        return taken
-
     def _play_window(self, start: float, end: float) -> None:
         """Write the recording's rows with start < t <= end, at `speed` recorded seconds per second, re-timed."""
         if self._clock is None or start != self._position:  # a jump in the recording: its clock starts here, now
@@ -459,7 +447,7 @@ class ReplayRun(Run):
         if len(procs):
             self._store.add_procs(procs.assign(t=wall(procs["t"]))[list(PROC_COLUMNS)].to_dict("records"))
         for worker in self._recording.rows_between("workers", start, end).to_dict("records"):
-            self._store.add_worker(worker["pid"], worker["role"], worker["node"], self._segment_id)
+            self._store.add_worker(worker["pid"], worker["role"], worker["node"], self._boundary.segment_id)
         for event in self._recording.rows_between("events", start, end).to_dict("records"):
             if not self._is_recorded_control(event):
                 self._store.add_event(event["kind"], event["text"], {**event["data"], "replayed": True}, t=wall(event["t"]))
@@ -472,71 +460,24 @@ class ReplayRun(Run):
             return True
         return self._operator is not None and event["kind"] == "telemetry" and "sampler" in event["data"]
 
-    # ----------------------------------------------------------------- the step boundary (as runner/trainer.py)
-    def _step_boundary(self, step: int, arrived: list[tuple[str, dict[str, Any]]]) -> str | RecordedSegment | None:
-        """Execute the directives that arrived (and, while paused, those that arrive, waiting here); "exit", a
-        segment to switch to, or None."""
-        paused, outcome, directives = False, None, arrived
-        while True:
-            for kind, payload in directives:
-                try:
-                    if kind == "runner.pause":
-                        paused = True
-                        self._store.set_meta(state="paused")
-                        self._store.add_event("paused", f"replay: paused after step {step}", {"step": step, "replay": True})
-                    elif kind == "runner.resume":
-                        paused = False
-                        self._store.set_meta(state="running")
-                        self._store.add_event("resumed", f"replay: resumed after step {step}", {"step": step, "replay": True})
-                    elif kind == "runner.hot_apply":
-                        outcome = self._hot_apply(payload, step)
-                    elif kind in ("runner.checkpoint_exit", "runner.stop"):
-                        if kind == "runner.checkpoint_exit" or payload.get("checkpoint"):
-                            self._checkpoint(step)
-                        paused, outcome = False, "exit"
-                        self._store.add_event(
-                            "exiting", f"replay: exits after step {step} ({kind.split('.')[1]})",
-                            {"step": step, "replay": True},
-                        )
-                    else:
-                        raise ValueError(f"unknown directive {kind!r}")
-                except Exception as e:
-                    self._store.add_event("error", f"replay: {kind} failed at step {step}: {e}", {"step": step, "replay": True})
-            if not paused:
-                return outcome
-            self._clock = None  # the recording's clock stands still while paused
-            if self._killed.wait(TICK_S):
-                raise _Killed()
-            directives = self._take_directives()
+    # ----------------------------------------------------------------- the step boundary (boundary.py calls these)
+    def _idle(self, seconds: float) -> None:
+        self._clock = None  # the recording's clock stands still while paused
+        if self._killed.wait(seconds):
+            raise _Killed()
 
-    def _hot_apply(self, payload: dict[str, Any], step: int) -> RecordedSegment:
-        plan = Plan.from_json(payload["plan_json"])
+    def _hot_apply(self, changes: dict[str, Any], plan_json: str, step: int) -> HotChange:
+        plan = Plan.from_json(plan_json)
         target = self._recording.segment_for(plan, after_step=step)
         if target is None:
             raise ValueError(NO_RECORDED_SEGMENT)
-        changes: dict[str, Any] = payload["changes"]
         before = {k: self._plan.knob_values()[k] for k in changes}
-        # A hot change is a new segment: same run, new plan, measured separately.
-        self._store.end_segment(self._segment_id, "done", f"hot apply after step {step}")
-        self._segment_id = self._store.begin_segment(payload["plan_json"], reason="hot apply", resumed_from_step=step)
-        self._plan = plan
-        text = ", ".join(f"{k} {before[k]} → {v}" for k, v in changes.items())
-        self._store.add_event(
-            "applied",
-            f"hot: {text} from step {step + 1} (replay: recorded segment {target.id})",
-            {"mode": "hot", "from_step": step + 1, "changes": changes, "before": before, "segment": self._segment_id,
-             "recorded_segment": target.id, "replay": True},
-        )
-        return target
+        self._plan, self._switch_to = plan, target
+        return HotChange(before, note=f" (recorded segment {target.id})", data={"recorded_segment": target.id})
 
-    def _checkpoint(self, step: int) -> None:
-        marker = self._dir / CHECKPOINT_MARKER
-        marker.parent.mkdir(exist_ok=True)
-        marker.write_text(str(step))
-        self._store.add_event(
-            "checkpoint", f"replay: checkpoint at step {step} (a marker only: a replay has no weights to save)",
-            {"step": step, "replay": True},
-        )
+    def _checkpoint(self, step: int) -> str:
+        c.write_checkpoint_marker(self._dir, step)
+        return " (a marker only: a replay has no weights to save)"
 
 
 class ReplayFactory:
@@ -553,12 +494,9 @@ class ReplayFactory:
         self.store = Store(self.session_dir)
         self.speed = speed
         self._crash_at_step = crash_at_step
-        # Shared by the session's runs, like the store's command queue a live runner reads: a directive the
-        # ending run did not take (sent while it checkpointed for a restart) goes to the next run.
-        self.directives: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.operator = None
         if follow:
-            token = (self.session_dir / TOKEN_FILE).read_text().strip()
+            token = (self.session_dir / c.TOKEN_FILE).read_text().strip()
             self.operator = RecordedOperator(self.store, token, self.recording.operator_commands)
 
     def _crash_due(self, step: int) -> bool:
@@ -573,7 +511,7 @@ class ReplayFactory:
         resume_step = self.store.segment(segment_id)["resumed_from_step"]
         return ReplayRun(
             self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
-            self.directives, self.operator,
+            self.operator,
         )
 
 

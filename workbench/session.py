@@ -3,8 +3,10 @@
     s = Session.start(Plan.from_verl(overrides=[...]))   # live verl run on this machine's GPUs
     s = Session.replay("h200-proof", speed=20)            # a recorded H200 session played back (no GPU needed)
     s = Session.attach(path_or_id)                         # from any kernel; read-only without the operator token
-    s.apply({"actor_token_budget": 8192})                  # hot at the next step, or checkpoint -> restart -> resume
-    s.steps(), s.samples(), s.events(), s.segments()      # pandas DataFrames
+    s.preview({"actor_token_budget": 8192})                # what Apply would do; nothing queued
+    h = s.apply({"actor_token_budget": 8192}, wait=False)  # at once: a handle (queued → accepted → applied at step N)
+    s.poll(cursor)                                         # what changed since the cursor, in one cheap query
+    s.steps(), s.samples(window_s=600, every_s=1), s.events(), s.segments(), s.knob_table(), s.placement()
 
 The handle itself holds no run: kernels can come and go, the supervisor and the verl run go on.
 """
@@ -12,54 +14,153 @@ The handle itself holds no run: kernels can come and go, the supervisor and the 
 from __future__ import annotations
 
 import json
+import math
 import os
-import secrets
 import subprocess
 import sys
+import threading
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 import psutil
 
+from . import control as c
+from . import verl_config
 from .advisor import Finding, advise, findings_frame
-from .paths import resolve_session_dir, sessions_root
-from .plan import Plan, PlanError
-from .store import STORE_FILE, Store
-from .supervisor import ANSWERED, TOKEN_FILE, signed
+from .knobs import KNOB_TABLE_COLUMNS, KNOBS, irrelevant_knobs, knob_defaults, knob_rows
+from .paths import new_session_dir, resolve_session_dir, sessions_root
+from .plan import PLAN_PROBLEM, Plan, PlanError
+from .store import APPEND_TABLES, POLL_FIELDS, STORE_FILE, Store
 
-ACTIVE_STATES = ("starting", "running", "paused", "restarting", "stopping")
 COMMAND_TIMEOUT_S = 30.0
+NO_CHANGE = "no change: give knob values that differ from the plan in force"
 
 
 class ReadOnlySession(PermissionError):
     pass
 
 
-@dataclass(frozen=True)
-class ApplyResult:
-    """What an accepted change will do: `mode` is "hot" (next step boundary, same process) or "restart"."""
+class ApplyRefused(PlanError, RuntimeError):
+    """The supervisor refused a change (`.problems` keyed by knob, as PlanError's); nothing changed."""
 
-    mode: str
+
+# ------------------------------------------------------------------------------------------------ preview and apply
+@dataclass(frozen=True)
+class Preview:
+    """What applying `changes` would do, judged against the plan in force; nothing was queued.
+
+    mode: "hot" | "restart" | None (no change, or invalid); diff: one {"knob", "before", "after", "apply"} per
+    changed knob; problems / warnings: knob name (or "plan") → message."""
+
     changes: dict[str, Any]
-    command_id: int
+    mode: str | None
+    diff: list[dict[str, Any]]
+    problems: dict[str, str]
+    warnings: dict[str, str] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
     def __str__(self) -> str:
+        if not self.ok:
+            return "; ".join(self.problems.values())
+        return f"{self.mode}: " + ", ".join(f"{d['knob']} {d['before']!r} → {d['after']!r}" for d in self.diff)
+
+
+_HANDLE_STATE = {
+    c.QUEUED: "queued", c.TAKEN_BY_SUPERVISOR: "queued", c.ACCEPTED: "accepted", c.RESTARTING: "restarting",
+    c.APPLIED: "applied", c.RESUMED: "resumed", c.REFUSED: "refused", c.FAILED_COMMAND: "refused",
+    c.NOT_APPLIED: "not_applied",
+}
+HANDLE_FINAL = ("applied", "resumed", "refused", "not_applied")
+
+
+class ApplyResult:
+    """A change on its way: `state` goes queued → accepted → applied (hot, at `step`), or queued → restarting →
+    resumed (restart, at `step`); or ends refused (`problems` keyed by knob) or not_applied (the run ended, crashed
+    or was stopped first; `message` says which). `refresh()` reads the newest state; `wait()` until done."""
+
+    def __init__(self, session: "Session", command_id: int, mode: str | None, changes: dict[str, Any]):
+        self._session = session
+        self.command_id = command_id
+        self.mode = mode
+        self.changes = changes
+        self.state = "queued"
+        self.step: int | None = None
+        self.problems: dict[str, str] = {}
+        self.message = "queued: waiting for the supervisor"
+
+    @property
+    def done(self) -> bool:
+        return self.state in HANDLE_FINAL
+
+    def refresh(self) -> "ApplyResult":
+        command = self._session._store.command(self.command_id)
+        self._read(command["state"], json.loads(command["result"]) if command["result"] else None)
+        return self
+
+    def _read(self, state: str, result: Any) -> None:
+        self.state = _HANDLE_STATE.get(state, state)
+        result = result if isinstance(result, dict) else {"message": str(result)} if result else {}
+        self.mode = result.get("mode", self.mode)
+        self.step = result.get("step", self.step)
         what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items())
-        if self.mode == "hot":
-            return f"{what}: applied hot at the next step boundary"
-        return f"{what}: checkpoint at the next step boundary, then restart and resume"
+        if self.state in ("refused", "not_applied"):
+            self.problems = dict(result.get("problems") or {PLAN_PROBLEM: result.get("message", "refused")})
+            reason = result.get("message") or "; ".join(self.problems.values())
+            self.message = f"{'refused' if self.state == 'refused' else 'not applied'}: {reason}"
+        elif self.state == "accepted":
+            self.message = f"accepted: {what} applies at the next step boundary"
+        elif self.state == "restarting":
+            self.message = f"restarting: checkpoint at the next step boundary, then relaunch with {what}"
+        elif self.state == "applied":
+            self.message = f"applied hot: {what} from step {self.step}"
+        elif self.state == "resumed":
+            self.message = f"resumed at step {self.step} with {what}"
+        else:
+            self.message = "queued: waiting for the supervisor"
+
+    def wait(self, timeout: float = 600.0, poll: float = 0.1, until: Iterable[str] = HANDLE_FINAL) -> "ApplyResult":
+        """Refresh until the state is one of `until` (default: done); TimeoutError after `timeout` seconds."""
+        until = tuple(until)
+        deadline = time.time() + timeout
+        while self.refresh().state not in until:
+            if time.time() > deadline:
+                raise TimeoutError(f"apply {self.command_id}: still {self.state} after {timeout:.0f} s")
+            time.sleep(poll)
+        return self
+
+    def __repr__(self) -> str:
+        return f"<ApplyResult {self.command_id} {self.mode} {self.state}: {self.message}>"
 
 
-def new_session_dir(name: str | None = None, root: Path | None = None) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    session_id = f"{stamp}-{name or uuid.uuid4().hex[:6]}"
-    path = (root or sessions_root()) / session_id
-    path.mkdir(parents=True, exist_ok=False)
-    return path
+# ------------------------------------------------------------------------------------------------ poll
+@dataclass(frozen=True)
+class PollCursor:
+    """What a poll saw: the raw poll row (largest ids, revisions, raw state) and the state decoded from it."""
+
+    row: tuple
+    state: str
+
+
+@dataclass(frozen=True)
+class Poll:
+    cursor: PollCursor
+    changed: frozenset[str]  # "steps", "samples", "procs", "workers", "events", "segments", "commands", "meta"
+    since: dict[str, int]  # table -> last row id the previous cursor had seen (read only newer rows)
+    state: str
+    last_step: int | None
+
+
+_ID_FIELDS = (*APPEND_TABLES, "segments", "commands")
+_FIELD = {name: index for index, name in enumerate(POLL_FIELDS)}
+_CHANGED_BY = {"rev:meta": "meta", "rev:segments": "segments", "rev:commands": "commands", "state": "meta",
+               "supervisor_pid": "meta", "last_step": "steps"}
 
 
 def gpu_count() -> int | None:
@@ -79,15 +180,19 @@ def gpu_count() -> int | None:
 class Session:
     def __init__(self, directory: str | os.PathLike, token: str | None = None, *, read_only: bool = False):
         self.dir = Path(directory)
-        self.store = Store(self.dir, create=False)
         if read_only:
             token = None
         elif token is None:
             try:
-                token = (self.dir / TOKEN_FILE).read_text().strip()
+                token = (self.dir / c.TOKEN_FILE).read_text().strip()
             except (PermissionError, FileNotFoundError):
                 token = None
         self._token = token
+        # A viewer opens the store read-only: no writes, no schema script (the session may be another user's).
+        self._store = Store(self.dir, readonly=token is None, create=False)
+        self._knobs_by_plan: dict[str, dict[str, Any]] = {}
+        if token is not None:
+            _warm_plan_checks()
 
     # ----------------------------------------------------------------- creating and finding sessions
     @classmethod
@@ -140,17 +245,17 @@ class Session:
     @classmethod
     def _spawn(cls, plan: Plan, *, name, root, meta: dict[str, Any], args: list[str]) -> "Session":
         directory = new_session_dir(name, root)
-        token = secrets.token_hex(16)
-        token_path = directory / TOKEN_FILE
+        token = c.new_token()
+        token_path = directory / c.TOKEN_FILE
         token_path.touch(mode=0o600)
         token_path.write_text(token)
         store = Store(directory)
-        store.set_meta(created=time.time(), initial_plan=plan.to_json(), state="starting", **meta)
-        (directory / "logs").mkdir(exist_ok=True)
+        store.set_meta(created=time.time(), initial_plan=plan.to_json(), state=c.STARTING, **meta)
+        (directory / c.LOG_DIR).mkdir(exist_ok=True)
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        with open(directory / "logs" / "supervisor.log", "ab") as log:
+        with open(directory / c.LOG_DIR / "supervisor.log", "ab") as log:
             # A new process session: the supervisor outlives the kernel (and page reloads) that started it.
             subprocess.Popen(
                 [sys.executable, "-m", "workbench.supervisor", "--session", str(directory), *args],
@@ -183,6 +288,9 @@ class Session:
             store.close()
         return pd.DataFrame(rows, columns=["id", "path", "kind", "state", "created", "segments", "steps"])
 
+    def close(self) -> None:
+        self._store.close()
+
     # ----------------------------------------------------------------- state
     @property
     def id(self) -> str:
@@ -194,7 +302,7 @@ class Session:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.store.meta()
+        return self._store.meta()
 
     @property
     def state(self) -> str:
@@ -203,37 +311,45 @@ class Session:
     @property
     def plan(self) -> Plan:
         """The plan in force: the newest segment's (or the initial plan before the first segment)."""
-        last = self.store.last_segment()
+        last = self._store.last_segment()
         return Plan.from_json(last["plan_json"] if last else self.meta["initial_plan"])
+
+    def last_step(self) -> int | None:
+        return self._store.last_step()
 
     def __repr__(self) -> str:
         role = "operator" if self.is_operator else "read-only"
-        return f"<Session {self.id} {self.state} ({role}) steps={self.store.max_id('steps')}>"
+        return f"<Session {self.id} {self.state} ({role}) steps={self._store.max_id('steps')}>"
 
     # ----------------------------------------------------------------- control
-    def _command(self, kind: str, payload: dict[str, Any] | None = None, wait: bool = True) -> dict[str, Any]:
+    def _require_operator(self, kind: str) -> None:
         if not self.is_operator:
             raise ReadOnlySession(
-                f"session {self.id} is attached read-only: control needs its operator token "
-                f"({self.dir / TOKEN_FILE}, readable by the user who started it)"
+                f"session {self.id} is attached read-only: {kind} needs its operator token "
+                f"({self.dir / c.TOKEN_FILE}, readable by the user who started it)"
             )
+
+    def _put(self, kind: str, payload: dict[str, Any] | None = None) -> int:
+        self._require_operator(kind)
         if not self._supervisor_alive():
             raise RuntimeError(self._no_supervisor(kind))
-        command_id = self.store.put_command(kind, signed(self._token, kind, payload or {}))
-        if not wait:
-            return {"id": command_id}
+        return self._store.put_command(kind, c.signed(self._token, kind, payload or {}))
+
+    def _command(self, kind: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Queue a command and wait for the supervisor's answer; RuntimeError if it failed or was refused."""
+        command_id = self._put(kind, payload)
         deadline = time.time() + COMMAND_TIMEOUT_S
         while time.time() < deadline:
             alive = self._supervisor_alive()  # before reading the command: it may answer, then exit
-            cmd = self.store.command(command_id)
-            if cmd["state"] in ANSWERED:
+            cmd = self._store.command(command_id)
+            if cmd["state"] in c.ANSWERED:
                 result = json.loads(cmd["result"]) if cmd["result"] else None
-                if cmd["state"] != "done":
+                if cmd["state"] != c.DONE:
                     raise RuntimeError(f"{kind} {cmd['state']}: {result}")
                 return {"id": command_id, "result": result}
             if not alive:
                 raise RuntimeError(self._no_supervisor(kind))
-            time.sleep(0.1)
+            time.sleep(0.05)
         raise TimeoutError(f"{kind}: the supervisor did not answer within {COMMAND_TIMEOUT_S:.0f} s")
 
     def _supervisor_alive(self) -> bool:
@@ -241,43 +357,78 @@ class Session:
         return pid is None or process_alive(int(pid))  # None: it is still starting
 
     def _no_supervisor(self, kind: str) -> str:
-        if self.state == "lost":
-            return f"{kind}: the supervisor of session {self.id} is gone (see {self.dir / 'logs'})"
+        if self.state == c.LOST:
+            return f"{kind}: the supervisor of session {self.id} is gone (see {self.dir / c.LOG_DIR})"
         return f"{kind}: session {self.id} is {self.state} and its supervisor has exited: nothing runs to control"
 
-    def apply(self, changes: dict[str, Any]) -> ApplyResult:
-        """Validate the whole new plan first (nothing is queued if it is invalid), then apply it."""
-        if not self.is_operator:
-            self._command("apply")  # raises ReadOnlySession
-        new = self.plan.with_changes(changes)
-        meta = self.meta
-        # A replayed plan names model paths of the machine it was recorded on: verl's own check can't load them here.
-        new.validate(gpu_count=meta.get("gpu_count"), with_verl=meta.get("kind") != "replay")
-        reply = self._command("apply", {"changes": changes, "gpu_count": meta.get("gpu_count")})
-        result = reply["result"]
-        return ApplyResult(mode=result["mode"], changes=result["changes"], command_id=reply["id"])
+    def preview(self, changes: dict[str, Any] | None) -> Preview:
+        """What applying `changes` would do (mode, diff against the plan in force, problems keyed by knob), with
+        the fast checks (knob types and ranges, budgets, batch divisibility, placement); nothing is queued and
+        nothing raises for bad values. verl's own config check runs once, in the supervisor, when you apply."""
+        changes = dict(changes) if isinstance(changes, dict) else changes
+        if not isinstance(changes, dict) or not changes:
+            return _refusal(changes if isinstance(changes, dict) else {}, NO_CHANGE if not changes else
+                            "changes must be a dict of knob name → value")
+        state = self.state
+        if state in c.ENDED_STATES:
+            return _refusal(changes, f"session {self.id} is {state}: no run takes changes")
+        if self._store.commands_in([c.RESTARTING], kinds=[c.APPLY]):
+            return _refusal(changes, "a restart-class change is on its way; wait until it has resumed")
+        current = self.plan
+        try:
+            new = current.with_changes(changes)
+            new.validate(gpu_count=self.meta.get("gpu_count"), with_verl=False)
+        except PlanError as error:
+            return Preview(changes, None, [], error.problems, messages=error.messages)
+        diff = [{"knob": d["knob"], "before": d["old"], "after": d["new"], "apply": d["apply"]}
+                for d in current.diff(new) if d["knob"] is not None]
+        if not diff:
+            return _refusal(changes, NO_CHANGE)
+        return Preview(changes, current.apply_class(new), diff, {})
+
+    def apply(self, changes: dict[str, Any] | None, wait: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> ApplyResult:
+        """Apply a change: returns at once with a handle (see ApplyResult). Bad changes raise PlanError (with
+        `.problems` keyed by knob) and nothing is queued. wait=True: return once the supervisor has answered
+        (accepted or restarting), raising ApplyRefused if it refused."""
+        self._require_operator("apply")
+        preview = self.preview(changes)
+        if not preview.ok:
+            raise PlanError(preview.messages or list(preview.problems.values()))
+        command_id = self._put(c.APPLY, {"changes": preview.changes, "gpu_count": self.meta.get("gpu_count")})
+        handle = ApplyResult(self, command_id, preview.mode, {d["knob"]: d["after"] for d in preview.diff})
+        if wait:
+            handle.wait(timeout=timeout, until=("accepted", "restarting", *HANDLE_FINAL))
+            if handle.state == "refused":
+                raise ApplyRefused(handle.problems.values())
+        return handle
+
+    def apply_finding(self, finding: Finding, wait: bool = False) -> ApplyResult:
+        """Apply a finding's proposed change (checked like any change)."""
+        if not finding.change:
+            raise ValueError(f"{finding.rule}: this finding proposes no knob change ({finding.expected})")
+        return self.apply(finding.change, wait=wait)
 
     def pause(self) -> None:
-        self._command("pause")
+        self._command(c.PAUSE)
 
     def resume(self) -> None:
-        self._command("resume")
+        self._command(c.RESUME)
 
     def stop(self, *, now: bool = False, checkpoint: bool = False, wait: bool = True, timeout: float = 180.0) -> None:
         """Stop at the next step boundary (or at once with now=True) and free the GPUs."""
-        if self.is_operator and self.state in ("stopped", "finished") and not self._supervisor_alive():
+        if self.is_operator and self.state in (c.STOPPED, c.FINISHED) and not self._supervisor_alive():
             return  # it has ended already
-        self._command("stop", {"now": now, "checkpoint": checkpoint})
+        self._command(c.STOP, {"now": now, "checkpoint": checkpoint})
         if wait:
-            self.wait_until(lambda s: s.state in ("stopped", "finished", "failed", "lost"), timeout=timeout)
+            self.wait_until(lambda s: s.state in (c.STOPPED, c.FINISHED, c.FAILED, c.LOST), timeout=timeout)
 
     def telemetry(self, on: bool = True) -> None:
         """Turn the NVML sampler off or on (e.g. to measure what it costs)."""
-        self._command("telemetry", {"on": on})
+        self._command(c.TELEMETRY, {"on": on})
 
     def rollback(self) -> int:
         """After a crash: relaunch the last plan that ran good steps, resuming from the newest checkpoint."""
-        return self._command("rollback")["result"]["segment"]
+        return self._command(c.ROLLBACK)["result"]["segment"]
 
     def wait_until(self, predicate: Callable[["Session"], bool], timeout: float = 600.0, poll: float = 0.5) -> "Session":
         deadline = time.time() + timeout
@@ -289,74 +440,234 @@ class Session:
 
     def wait_for_step(self, step: int, timeout: float = 600.0) -> "Session":
         def reached(s: "Session") -> bool:
-            if s.state in ("failed", "lost", "stopped", "finished"):
+            if s.state in (c.FAILED, c.LOST, c.STOPPED, c.FINISHED):
                 raise RuntimeError(f"session {s.id} is {s.state} before step {step}")
-            last = s.store.last_step()
+            last = s.last_step()
             return last is not None and last >= step
 
         return self.wait_until(reached, timeout=timeout)
 
+    # ----------------------------------------------------------------- cheap reads for many viewers
+    def poll(self, cursor: PollCursor | None = None) -> Poll:
+        """What changed since `cursor` (None: everything), in one query; nothing is decoded when nothing changed.
+        Then read only the rows after `poll.since[table]` (e.g. `steps(since_id=poll.since["steps"])`)."""
+        row = self._store.poll_row()
+        last_step = row[_FIELD["last_step"]]
+        if cursor is not None and row == cursor.row:
+            state = cursor.state
+            if state in c.ACTIVE_STATES and not self._pid_alive(row):
+                state = c.LOST
+            return Poll(cursor, frozenset(), {t: cursor.row[_FIELD[t]] for t in _ID_FIELDS}, state, last_step)
+        state = json.loads(row[_FIELD["state"]]) if row[_FIELD["state"]] else c.STARTING
+        if state in c.ACTIVE_STATES and not self._pid_alive(row):
+            state = c.LOST
+        if cursor is None:
+            changed = frozenset({*_ID_FIELDS, "meta"})
+            since = dict.fromkeys(_ID_FIELDS, 0)
+        else:
+            changed = frozenset(
+                _CHANGED_BY.get(name, name) for name, i in _FIELD.items() if row[i] != cursor.row[i]
+            )
+            since = {t: cursor.row[_FIELD[t]] for t in _ID_FIELDS}
+        return Poll(PollCursor(row, state), changed, since, state, last_step)
+
+    @staticmethod
+    def _pid_alive(row: tuple) -> bool:
+        pid = row[_FIELD["supervisor_pid"]]
+        return pid is None or process_alive(int(json.loads(pid)))
+
     # ----------------------------------------------------------------- data (pandas, one call away)
     def steps(self, since_id: int = 0) -> pd.DataFrame:
-        return self.store.frame("steps", since_id)
+        return self._store.frame("steps", since_id)
 
-    def samples(self, since_id: int = 0) -> pd.DataFrame:
-        return self.store.frame("samples", since_id)
+    def samples(
+        self, since_id: int = 0, *, window_s: float | None = None, every_s: float | None = None,
+        gpus: Iterable[int] | None = None,
+    ) -> pd.DataFrame:
+        """GPU samples. With every_s: aggregated in SQL per bucket of every_s seconds and GPU (t = bucket start,
+        node, gpu, n, and per metric m: m (mean), m_min, m_max). window_s: only the last that many seconds before
+        the newest sample; gpus: only these GPU indices. With neither every_s, window_s nor gpus: every raw row
+        after since_id."""
+        if every_s is not None:
+            return self._store.sample_buckets(every_s, window_s=window_s, gpus=gpus)
+        if window_s is not None or gpus is not None:
+            return self._store.samples_window(window_s, gpus)
+        return self._store.frame("samples", since_id)
+
+    def latest_samples(self) -> pd.DataFrame:
+        """The newest sample per (node, gpu)."""
+        return self._store.latest_samples()
 
     def procs(self, since_id: int = 0) -> pd.DataFrame:
-        return self.store.frame("procs", since_id)
+        return self._store.frame("procs", since_id)
 
-    def workers(self) -> pd.DataFrame:
-        return self.store.frame("workers")
+    def workers(self, since_id: int = 0) -> pd.DataFrame:
+        return self._store.frame("workers", since_id)
 
     def events(self, since_id: int = 0) -> pd.DataFrame:
-        return self.store.frame("events", since_id)
+        return self._store.frame("events", since_id)
 
-    def commands(self) -> pd.DataFrame:
-        return self.store.frame("commands")
+    def commands(self, since_id: int = 0) -> pd.DataFrame:
+        return self._store.frame("commands", since_id)
 
-    def segments(self) -> pd.DataFrame:
-        """Every applied plan with what it measured: steps, mean step time, throughput (tokens/s/GPU)."""
-        segments = self.store.frame("segments")
-        steps = self.steps()
-        if len(steps):
-            per = steps.groupby("segment_id").agg(
-                steps=("step", "count"), first_step=("step", "min"), last_step=("step", "max"),
-                step_time_s=("timing_s/step", "mean"), throughput=("perf/throughput", "mean"),
-            )
-            segments = segments.merge(per, left_on="id", right_index=True, how="left")
-        segments["changed"] = [", ".join(Plan.from_json(p).changed_knobs()) for p in segments["plan_json"]]
-        return segments
+    def _knobs_of(self, plan_json: str) -> dict[str, Any]:
+        if plan_json not in self._knobs_by_plan:
+            self._knobs_by_plan[plan_json] = Plan.from_json(plan_json).knob_values()
+        return self._knobs_by_plan[plan_json]
+
+    def segments(self, since_id: int = 0) -> pd.DataFrame:
+        """Every plan that ran (segments after since_id) with what changed from the segment before it and what it
+        measured: diff (list of {knob, before, after}), diff_text, reason, steps, step_time_s, throughput
+        (tokens/s/GPU), util_mean, sm_active_mean and mem_peak_gb of the plan's GPUs while it ran."""
+        rows = self._store.rows("segments", since_id=max(0, since_id - 1) if since_id else 0)
+        figures = self._store.step_figures(since_segment=since_id).set_index("segment_id")
+        out = []
+        previous = None
+        for seg in rows:
+            knobs = self._knobs_of(seg["plan_json"])
+            if seg["id"] > since_id:
+                before = self._knobs_of(previous["plan_json"]) if previous else {}
+                diff = [{"knob": k, "before": before[k], "after": v} for k, v in knobs.items()
+                        if previous is not None and before.get(k) != v]
+                row = {**seg, "diff": diff, "diff_text": ", ".join(f"{d['knob']}: {d['before']!r} → {d['after']!r}"
+                                                                   for d in diff)}
+                fig = figures.loc[seg["id"]] if seg["id"] in figures.index else None
+                for name in ("steps", "first_step", "last_step", "step_time_s", "throughput"):
+                    row[name] = fig[name] if fig is not None else (0 if name == "steps" else math.nan)
+                row.update(self._store.sample_figures(seg["started_at"], seg["ended_at"], gpus=knobs["gpus"]))
+                out.append(row)
+            previous = seg
+        columns = ["id", "started_at", "ended_at", "plan_json", "status", "reason", "resumed_from_step", "diff",
+                   "diff_text", "steps", "first_step", "last_step", "step_time_s", "throughput", "util_mean",
+                   "sm_active_mean", "mem_peak_gb"]
+        return pd.DataFrame(out, columns=columns)
+
+    def knob_table(self, segment: int | None = None) -> pd.DataFrame:
+        """One row per knob for a segment's plan (default: the plan in force): name, group, kind, value, default,
+        changed, apply, min, max, choices, help, relevant, why_irrelevant."""
+        plan = self._plan_of(segment)
+        irrelevant = irrelevant_knobs(plan.knob_values(), verl_config.roles_in_use(plan.config))
+        return pd.DataFrame(knob_rows(plan.knob_values(), knob_defaults(), irrelevant), columns=KNOB_TABLE_COLUMNS)
+
+    def placement(self) -> pd.DataFrame:
+        """Per GPU of the plan in force: the roles the plan puts there and the roles whose processes the sampler
+        saw there (with their memory), and whether they disagree. Ray picks physical GPUs inside the plan's set,
+        so planned roles follow the pools in order (actor pool first, then critic, reward, rollout)."""
+        plan = self.plan
+        values = plan.knob_values()
+        roles = verl_config.roles_in_use(plan.config)
+        planned = _planned_roles(values, roles)
+        procs = self._store.latest_procs()
+        rows = []
+        for gpu, want in planned.items():
+            here = procs[procs["gpu"] == gpu]
+            seen = sorted({atom for role in here["role"] for atom in str(role).split("+")} - _NOT_A_ROLE)
+            memory = {f"{r.role} (pid {r.pid})": r.mem_used for r in here.itertuples()}
+            unexpected = sorted(set(seen) - set(want))
+            mismatch = bool(unexpected)
+            message = (f"GPU {gpu}: {', '.join(unexpected)} running here, but the plan puts "
+                       f"{', '.join(want) or 'nothing'} here") if mismatch else ""
+            rows.append({"gpu": gpu, "planned": want, "actual": seen, "processes": memory,
+                         "mem_used": float(here["mem_used"].sum()) if len(here) else math.nan,
+                         "mismatch": mismatch, "message": message})
+        for gpu in sorted(set(procs["gpu"]) - set(planned)):
+            here = procs[procs["gpu"] == gpu]
+            seen = sorted({atom for role in here["role"] for atom in str(role).split("+")} - _NOT_A_ROLE)
+            if seen:
+                rows.append({"gpu": int(gpu), "planned": [], "actual": seen,
+                             "processes": {f"{r.role} (pid {r.pid})": r.mem_used for r in here.itertuples()},
+                             "mem_used": float(here["mem_used"].sum()), "mismatch": True,
+                             "message": f"GPU {gpu} is outside the plan, but {', '.join(seen)} runs there"})
+        return pd.DataFrame(rows, columns=["gpu", "planned", "actual", "processes", "mem_used", "mismatch", "message"])
+
+    def _plan_of(self, segment: int | None) -> Plan:
+        return Plan.from_json(self._store.segment(segment)["plan_json"]) if segment else self.plan
 
     def export(self, format: str = "overrides", segment: int | None = None) -> str | list[str]:
-        """The plan of a segment (default: the one in force) as Hydra overrides, YAML or a command line."""
-        plan = Plan.from_json(self.store.segment(segment)["plan_json"]) if segment else self.plan
-        exporters = {"overrides": plan.to_overrides, "yaml": plan.to_yaml, "command": plan.to_command}
-        if format not in exporters:
-            raise ValueError(f"unknown export format {format!r}: choose one of {', '.join(exporters)}")
-        return exporters[format]()
+        """The plan of a segment (default: the one in force) as Hydra overrides, YAML or a command line. YAML and
+        command start with what this machine needed that verl's defaults don't do on their own."""
+        plan = self._plan_of(segment)
+        if format == "overrides":
+            return plan.to_overrides()
+        if format not in ("yaml", "command"):
+            raise ValueError(f"unknown export format {format!r}: choose one of overrides, yaml, command")
+        body = plan.to_yaml() if format == "yaml" else plan.to_command()
+        header = self.machine_notes()
+        return "".join(f"# {line}\n" for line in header) + body
+
+    def machine_notes(self) -> list[str]:
+        """What runs of this session needed that plain verl does not do on this machine (the runner's notes)."""
+        notes = [text for text in dict.fromkeys(self._store.frame("events").query("kind == @c.EV_RUNTIME")["text"])]
+        if any("flash-attn" in note for note in notes):
+            notes.append("verl 0.9.1's critic loader asks for flash_attention_2 whatever the config says: without "
+                         "flash-attn, plain verl's critic fails to load (the workbench patches it to sdpa in its "
+                         "Ray workers)")
+        return notes
 
     def knob_values(self, segment: int | None = None) -> dict[str, Any]:
         """Every knob's value in a segment's plan (default: the one in force), defaults included."""
-        plan = Plan.from_json(self.store.segment(segment)["plan_json"]) if segment else self.plan
-        return plan.knob_values()
+        return self._plan_of(segment).knob_values()
 
     def advice_findings(self, segment_id: int | None = None) -> list[Finding]:
-        """The advisor's findings for a segment (default: the newest), judged against that segment's plan."""
-        return advise(self.steps(), self.samples(), self.knob_values(segment_id), segment_id=segment_id,
-                      procs=self.procs())
+        """The advisor's findings for a segment (default: the newest that ran steps), judged against the plan of
+        that segment."""
+        steps = self.steps()
+        if segment_id is None:
+            if steps.empty:
+                return []
+            segment_id = int(steps["segment_id"].max())
+        return advise(steps, self.samples(), self.knob_values(segment_id), segment_id=segment_id, procs=self.procs())
 
     def advice(self, segment_id: int | None = None) -> pd.DataFrame:
         """advice_findings as a table: one row per finding, most severe first."""
         return findings_frame(self.advice_findings(segment_id))
 
 
+_NOT_A_ROLE = {"driver", "other", "agent_loop"}
+
+
+def _planned_roles(values: dict[str, Any], roles: verl_config.RolesInUse) -> dict[int, list[str]]:
+    gpus = list(values["gpus"])
+    pools = [("critic", values["critic_gpus"]), ("reward", values["reward_gpus"]), ("rollout", values["rollout_gpus"])]
+    actor = ["actor_rollout_ref", "rollout"]
+    if roles.critic and not values["critic_gpus"]:
+        actor.append("critic")
+    if roles.reward_model and not values["reward_gpus"]:
+        actor.append("reward")
+    actor_count = len(gpus) - sum(n for _, n in pools)
+    planned = {gpu: sorted(actor) for gpu in gpus[:actor_count]}
+    at = actor_count
+    for role, count in pools:
+        planned.update({gpu: [role] for gpu in gpus[at:at + count]})
+        at += count
+    return planned
+
+
+def _refusal(changes: dict[str, Any], message: str) -> Preview:
+    return Preview(changes, None, [], {PLAN_PROBLEM: message}, messages=[message])
+
+
+_warming = threading.Lock()
+_warmed = False
+
+
+def _warm_plan_checks() -> None:
+    """Import what the plan checks need (verl's role rules pull in torch: seconds) in the background, once per
+    process, so an operator's first preview does not wait for it."""
+    global _warmed
+    with _warming:
+        if _warmed:
+            return
+        _warmed = True
+    threading.Thread(target=verl_config.warm, name="warm-plan-checks", daemon=True).start()
+
+
 def _effective_state(meta: dict[str, Any]) -> str:
     """The recorded state, or "lost" when it says active but its supervisor process is gone."""
-    state = meta.get("state", "starting")
+    state = meta.get("state", c.STARTING)
     pid = meta.get("supervisor_pid")
-    if state in ACTIVE_STATES and pid is not None and not process_alive(int(pid)):
-        return "lost"
+    if state in c.ACTIVE_STATES and pid is not None and not process_alive(int(pid)):
+        return c.LOST
     return state
 
 
@@ -380,4 +691,5 @@ def resolve_recording(recording: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"{recording}: no recorded session there (expected {STORE_FILE})")
 
 
-__all__ = ["Session", "ApplyResult", "ReadOnlySession", "PlanError", "new_session_dir", "gpu_count"]
+__all__ = ["Session", "ApplyResult", "ApplyRefused", "Preview", "Poll", "PollCursor", "ReadOnlySession", "PlanError",
+           "gpu_count"]

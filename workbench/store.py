@@ -56,10 +56,56 @@ CREATE INDEX IF NOT EXISTS commands_state ON commands(state);
 """
 
 TABLES = ("meta", "segments", "steps", "samples", "procs", "workers", "events", "commands")
+# Tables whose rows only ever get appended: a reader knows what is new from the largest row id.
+APPEND_TABLES = ("steps", "samples", "procs", "workers", "events")
+# Tables (and meta) whose rows also change in place: each change bumps its revision, kept in meta as rev:<name>.
+REVISED = ("meta", "segments", "commands")
+_REV_PREFIX = "rev:"
+# What poll() reads in one query: the largest id per table, then the revisions, the state and the newest step.
+_POLL_SQL = "SELECT " + ", ".join(
+    [f"(SELECT COALESCE(MAX(id), 0) FROM {t})" for t in (*APPEND_TABLES, "segments", "commands")]
+    + [f"(SELECT COALESCE(MAX(CAST(value AS INTEGER)), 0) FROM meta WHERE key='{_REV_PREFIX}{t}')" for t in REVISED]
+    + ["(SELECT value FROM meta WHERE key='state')", "(SELECT value FROM meta WHERE key='supervisor_pid')",
+       "(SELECT step FROM steps ORDER BY id DESC LIMIT 1)"]
+)
+POLL_FIELDS = (*APPEND_TABLES, "segments", "commands", *(f"{_REV_PREFIX}{t}" for t in REVISED),
+               "state", "supervisor_pid", "last_step")
+
+
+# Sample columns a chart aggregates (mean, min and max per bucket).
+SAMPLE_METRICS = tuple(c for c in SAMPLE_COLUMNS if c not in ("t", "node", "gpu"))
+LATEST_WINDOW_S = 60.0  # latest_samples: a GPU silent for longer than this before the newest sample is left out
 
 
 class StoreError(RuntimeError):
     pass
+
+
+def _bump(db: sqlite3.Connection, name: str) -> None:
+    """Count a change in place (meta, segments, commands) so poll() sees it without reading the rows."""
+    db.execute(
+        "INSERT INTO meta(key, value) VALUES(?, '1') "
+        "ON CONFLICT(key) DO UPDATE SET value=CAST(value AS INTEGER) + 1", (_REV_PREFIX + name,),
+    )
+
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection: no writes, no schema script, no journal-mode change.
+
+    A WAL store needs its -shm file to be read; where the reader can't create it (a finished session of another
+    user, in a directory the reader can't write) the store is opened as immutable: a finished session's supervisor
+    has checkpointed its WAL into the main file on exit, so nothing is missed."""
+    uri = path.resolve().as_uri()
+    for mode in ("mode=ro", "immutable=1"):
+        db = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=30.0, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError as error:
+            db.close()
+            last = error
+    raise StoreError(f"cannot read the session store {path}: {last}")
 
 
 def _dumps(value: Any) -> str:
@@ -87,16 +133,18 @@ class Store:
             path = path / STORE_FILE
         if not path.exists() and (readonly or not create):
             raise StoreError(f"no session store at {path}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
+        if readonly:
+            self._db = _connect_readonly(path)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout=30000")
-        if not readonly:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
 
     # ------------------------------------------------------------------ plumbing
     def close(self) -> None:
@@ -127,9 +175,16 @@ class Store:
                 "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                 [(k, _dumps(v)) for k, v in values.items()],
             )
+            _bump(db, "meta")
 
     def meta(self) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self._query("SELECT key, value FROM meta")}
+        return {k: json.loads(v) for k, v in self._query("SELECT key, value FROM meta")
+                if not k.startswith(_REV_PREFIX)}
+
+    def poll_row(self) -> tuple:
+        """One cheap query: the largest row id per table, the revisions of what changes in place, the raw state
+        and supervisor pid (JSON text, not decoded) and the newest step (see POLL_FIELDS)."""
+        return self._query(_POLL_SQL)[0]
 
     # ------------------------------------------------------------------ segments
     def begin_segment(self, plan_json: str, reason: str = "", resumed_from_step: int | None = None) -> int:
@@ -146,6 +201,7 @@ class Store:
                 "UPDATE segments SET ended_at=?, status=?, reason=COALESCE(?, reason) WHERE id=?",
                 (time.time(), status, reason, segment_id),
             )
+            _bump(db, "segments")
 
     def segment(self, segment_id: int) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM segments WHERE id=?", (segment_id,))
@@ -217,14 +273,32 @@ class Store:
                 args = kinds
             rows = db.execute(sql + " ORDER BY id", args).fetchall()
             db.executemany("UPDATE commands SET state=? WHERE id=?", [(taker, r[0]) for r in rows])
+            if rows:
+                _bump(db, "commands")
         return [dict(id=r[0], t=r[1], kind=r[2], payload=json.loads(r[3])) for r in rows]
 
-    def finish_command(self, command_id: int, state: str, result: Any = None) -> None:
+    def finish_command(self, command_id: int, state: str, result: Any = None, *, final: bool = True) -> None:
+        """Answer a command; final=False for a state it moves on from (an apply accepted, restarting)."""
         with self._tx() as db:
             db.execute(
                 "UPDATE commands SET state=?, result=?, done_at=? WHERE id=?",
-                (state, _dumps(result), time.time(), command_id),
+                (state, _dumps(result), time.time() if final else None, command_id),
             )
+            _bump(db, "commands")
+
+    def commands_in(self, states: Iterable[str], kinds: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Commands in any of `states` (optionally only of some kinds), oldest first, results decoded."""
+        states = tuple(states)
+        sql = f"SELECT * FROM commands WHERE state IN ({','.join('?' * len(states))})"
+        args: tuple = states
+        if kinds is not None:
+            kinds = tuple(kinds)
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += kinds
+        out = self._as_dicts("commands", self._query(sql + " ORDER BY id", args))
+        for command in out:
+            command["result"] = json.loads(command["result"]) if command["result"] else None
+        return out
 
     def command(self, command_id: int) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM commands WHERE id=?", (command_id,))
@@ -251,6 +325,76 @@ class Store:
         """The step of the newest step row (where the session stands), or None before its first step."""
         rows = self._query("SELECT step FROM steps ORDER BY id DESC LIMIT 1")
         return int(rows[0][0]) if rows else None
+
+    def sample_buckets(
+        self, every_s: float, window_s: float | None = None, gpus: Iterable[int] | None = None,
+    ) -> pd.DataFrame:
+        """Samples aggregated in SQL per `every_s` bucket (aligned to multiples of it) and GPU: t (bucket start,
+        epoch s), node, gpu, n, and for each metric m: m (mean), m_min, m_max. window_s: only the last that many
+        seconds before the newest sample."""
+        if not every_s > 0:
+            raise ValueError(f"every_s must be positive, got {every_s}")
+        aggregates = ", ".join(f"AVG({m}) AS {m}, MIN({m}) AS {m}_min, MAX({m}) AS {m}_max" for m in SAMPLE_METRICS)
+        where, args = self._sample_filter(window_s, gpus)
+        sql = (f"SELECT CAST(t / ? AS INTEGER) AS bucket, node, gpu, COUNT(*) AS n, {aggregates} FROM samples"
+               f"{where} GROUP BY bucket, node, gpu ORDER BY bucket, node, gpu")
+        with self._lock:
+            df = pd.read_sql_query(sql, self._db, params=(every_s, *args))
+        df.insert(0, "t", df.pop("bucket") * float(every_s))
+        return df.astype({c: "float64" for c in df.columns if c not in ("node", "gpu", "n")})
+
+    def samples_window(self, window_s: float | None = None, gpus: Iterable[int] | None = None) -> pd.DataFrame:
+        """Raw sample rows of the last `window_s` seconds before the newest sample, optionally of some GPUs."""
+        where, args = self._sample_filter(window_s, gpus)
+        with self._lock:
+            df = pd.read_sql_query(f"SELECT * FROM samples{where} ORDER BY id", self._db, params=args)
+        return _expand_json("samples", df)
+
+    def _sample_filter(self, window_s: float | None, gpus: Iterable[int] | None) -> tuple[str, tuple]:
+        clauses, args = [], []
+        if window_s is not None:
+            clauses.append("t > (SELECT MAX(t) FROM samples) - ?")
+            args.append(float(window_s))
+        if gpus is not None:
+            gpus = [int(g) for g in gpus]
+            clauses.append(f"gpu IN ({','.join('?' * len(gpus))})")
+            args += gpus
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)
+
+    def latest_samples(self) -> pd.DataFrame:
+        """The newest sample per (node, gpu), of GPUs heard from in the last LATEST_WINDOW_S before the newest."""
+        sql = ("SELECT * FROM samples WHERE id IN (SELECT MAX(id) FROM samples WHERE t >= "
+               "(SELECT MAX(t) FROM samples) - ? GROUP BY node, gpu) ORDER BY node, gpu")
+        with self._lock:
+            df = pd.read_sql_query(sql, self._db, params=(LATEST_WINDOW_S,))
+        return _expand_json("samples", df)
+
+    def latest_procs(self, window_s: float = LATEST_WINDOW_S) -> pd.DataFrame:
+        """The process rows of the newest sampling round per (node, gpu, pid) within `window_s` of the newest."""
+        sql = ("SELECT * FROM procs WHERE id IN (SELECT MAX(id) FROM procs WHERE t >= "
+               "(SELECT MAX(t) FROM procs) - ? GROUP BY node, gpu, pid) ORDER BY node, gpu, pid")
+        with self._lock:
+            df = pd.read_sql_query(sql, self._db, params=(window_s,))
+        return _expand_json("procs", df)
+
+    def step_figures(self, since_segment: int = 0) -> pd.DataFrame:
+        """Per segment (id > since_segment): steps, first/last step, mean step time and throughput, in SQL."""
+        sql = ("SELECT segment_id, COUNT(*) AS steps, MIN(step) AS first_step, MAX(step) AS last_step, "
+               "AVG(json_extract(metrics_json, '$.\"timing_s/step\"')) AS step_time_s, "
+               "AVG(json_extract(metrics_json, '$.\"perf/throughput\"')) AS throughput "
+               "FROM steps WHERE segment_id > ? GROUP BY segment_id")
+        with self._lock:
+            return pd.read_sql_query(sql, self._db, params=(since_segment,))
+
+    def sample_figures(self, start: float, end: float | None, gpus: Iterable[int] | None = None) -> dict[str, float]:
+        """Mean utilization, mean SM activity and peak memory (GB) of samples with start < t <= end."""
+        where, args = self._sample_filter(None, gpus)
+        where += (" AND " if where else " WHERE ") + "t > ? AND t <= ?"
+        row = self._query(f"SELECT AVG(util), AVG(sm_active), MAX(mem_used) FROM samples{where}",
+                          (*args, start, math.inf if end is None else end))[0]
+        nan = float("nan")
+        return {"util_mean": nan if row[0] is None else row[0], "sm_active_mean": nan if row[1] is None else row[1],
+                "mem_peak_gb": nan if row[2] is None else row[2] / 1024}
 
     def max_id(self, table: str) -> int:
         return int(self._query(f"SELECT COALESCE(MAX(id), 0) FROM {table}")[0][0])

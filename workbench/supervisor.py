@@ -7,38 +7,36 @@
   `resume_mode=auto` for restart-class changes, and records crashes with the traceback tail;
 - starts the NVML sampler beside a live run;
 - keeps `meta.state` current: starting, running, paused, restarting, stopping, stopped, finished, failed.
-Control belongs to the operator: each command carries a signature made with the session's operator token (an HMAC
-over a fresh nonce, the kind and the payload). The token itself never enters the store, which every viewer can read,
-and a copied signature can't be used twice.
+Control belongs to the operator: each command carries a signature made with the session's operator token
+(control.py). An apply is answered at once (accepted / restarting / refused with problems keyed by knob) and followed
+to its end (applied at step N by the runner, resumed at step N after a restart, or not_applied when the run ends
+first). verl's own config check runs here, once per change, in this process that imported verl already (in the
+background when it started).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from .plan import Plan, PlanError
+from . import control as c
+from . import verl_config
+from .plan import PLAN_PROBLEM, Plan, PlanError
 from .runner.runtime import ACTOR_HF_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
 from .store import Store
 
-POLL_S = 0.25
+POLL_S = 0.1  # a command waits at most this long to be taken: a hot change must reach the next step boundary
 STOP_GRACE_S = 120.0  # a stop waits for the step boundary this long before it kills the run
-TOKEN_FILE = "operator.token"
-SIGNATURE_FIELDS = ("nonce", "signature")
-USER_COMMANDS = ("apply", "pause", "resume", "stop", "rollback", "telemetry")
-ANSWERED = ("done", "failed", "refused")  # the command states the supervisor leaves a command in
 TAIL_LINES = 60
 OOM_SCAN_LINES = 2000
 
@@ -75,17 +73,6 @@ def kill_tree(pid: int, grace_s: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def _signature(token: str, kind: str, nonce: str, payload: dict[str, Any]) -> str:
-    message = json.dumps([nonce, kind, payload], sort_keys=True, default=str).encode()
-    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
-
-
-def signed(token: str, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """The payload of an operator command, signed with the operator token."""
-    nonce = secrets.token_hex(12)
-    return {**payload, "nonce": nonce, "signature": _signature(token, kind, nonce, payload)}
-
-
 def log_tail(log_path: Path, lines: int) -> str:
     try:
         return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -109,14 +96,12 @@ def looks_like_oom(text: str) -> bool:
 
 
 class Run:
-    """A segment being executed: a live verl process or a replay. The supervisor only talks to this interface."""
+    """A segment being executed: a live verl process or a replay. The supervisor only talks to this interface;
+    directives reach the run through the store's command queue (control.RUNNER_DIRECTIVES)."""
 
     log_path: Path
 
     def poll(self) -> int | None:  # exit code once finished
-        raise NotImplementedError
-
-    def directive(self, kind: str, payload: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def kill(self) -> None:
@@ -130,9 +115,8 @@ class Run:
 class LiveRun(Run):
     """`python -m workbench.runner.launch` in its own process group, with the GPUs of the plan."""
 
-    def __init__(self, store: Store, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str]):
-        self.store = store
-        self.log_path = session_dir / "logs" / f"segment-{segment_id}.log"
+    def __init__(self, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str]):
+        self.log_path = session_dir / c.LOG_DIR / f"segment-{segment_id}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.workbench["gpus"]))}
         with open(self.log_path, "ab") as log:
@@ -144,9 +128,6 @@ class LiveRun(Run):
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def directive(self, kind: str, payload: dict[str, Any]) -> None:
-        self.store.put_command(kind, payload)
-
     def kill(self) -> None:
         kill_tree(self.proc.pid)
         self.proc.wait()
@@ -156,18 +137,22 @@ class Supervisor:
     def __init__(self, session_dir: Path, run_factory=None):
         self.dir = session_dir
         self.store = Store(session_dir)
-        self.token = (session_dir / TOKEN_FILE).read_text().strip()
+        self.signatures = c.SignatureCheck((session_dir / c.TOKEN_FILE).read_text().strip())
         self.run_factory = run_factory or self._live_run
         self.run: Run | None = None
         self.segment_id: int | None = None
         self.pending_plan: Plan | None = None  # a restart-class change waiting for the runner's checkpoint
+        self.pending_command: int | None = None  # the apply that asked for it
+        self.resuming: tuple[int, int, int] | None = None  # (apply command, its new segment, last event id before it)
         self.stopping_since: float | None = None
         self.sampler: subprocess.Popen | None = None
-        self.used_nonces: set[str] = set()
+        # verl's first import costs seconds: pay it now, beside the run's start, not when the first change comes.
+        self.warm = threading.Thread(target=verl_config.warm, name="warm-verl", daemon=True)
+        self.warm.start()
 
     # ----------------------------------------------------------------- helpers
     def state(self) -> str:
-        return self.store.meta().get("state", "starting")
+        return self.store.meta().get("state", c.STARTING)
 
     def set_state(self, state: str) -> None:
         self.store.set_meta(state=state)
@@ -176,27 +161,23 @@ class Supervisor:
         return Plan.from_json(self.store.last_segment()["plan_json"])
 
     def _live_run(self, segment_id: int, plan: Plan, env: dict[str, str]) -> Run:
-        return LiveRun(self.store, self.dir, segment_id, plan, env)
+        return LiveRun(self.dir, segment_id, plan, env)
 
     # ----------------------------------------------------------------- segments
     def launch(self, plan: Plan, reason: str, env: dict[str, str] | None = None) -> None:
         last = self.store.last_segment()
-        resumed_from = self._latest_checkpoint_step()
+        resumed_from = c.latest_checkpoint_step(self.dir)
         self.segment_id = self.store.begin_segment(plan.to_json(), reason=reason, resumed_from_step=resumed_from)
         # State and event first: once created, the run writes its own ("running", "started"), which must come after.
-        self.set_state("starting")
+        self.set_state(c.STARTING)
         text = f"segment {self.segment_id} launched ({reason})"
         if resumed_from is not None and last is not None:
             text += f", resuming from the checkpoint at step {resumed_from}"
-        self.store.add_event("launched", text, {"segment": self.segment_id, "resume_step": resumed_from})
+        self.store.add_event(c.EV_LAUNCHED, text, {"segment": self.segment_id, "resume_step": resumed_from})
         self.run = self.run_factory(self.segment_id, plan, env or {})
         self._ensure_sampler(plan)
         if isinstance(self.run, LiveRun):
             self.store.set_meta(**machine_meta(plan))
-
-    def _latest_checkpoint_step(self) -> int | None:
-        marker = self.dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-        return int(marker.read_text().strip()) if marker.exists() else None
 
     def _ensure_sampler(self, plan: Plan) -> None:
         if not isinstance(self.run, LiveRun) or os.environ.get("WORKBENCH_NO_SAMPLER") == "1":
@@ -210,7 +191,7 @@ class Supervisor:
             command += ["--cluster", os.environ.get("RAY_ADDRESS", "auto")]
         else:
             command += ["--gpus", ",".join(map(str, plan.workbench["gpus"]))]
-        with open(self.dir / "logs" / "sampler.log", "ab") as log:
+        with open(self.dir / c.LOG_DIR / "sampler.log", "ab") as log:
             self.sampler = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
@@ -225,76 +206,110 @@ class Supervisor:
 
     # ----------------------------------------------------------------- commands
     def handle_commands(self) -> None:
-        for cmd in self.store.take_commands(kinds=USER_COMMANDS, taker="supervisor"):
-            payload = cmd["payload"]
-            if not self.is_from_operator(cmd["kind"], payload):
-                self.store.finish_command(cmd["id"], "refused", "not the operator: attach with the operator token to control")
+        for cmd in self.store.take_commands(kinds=c.USER_COMMANDS, taker=c.TAKEN_BY_SUPERVISOR):
+            kind, payload = cmd["kind"], cmd["payload"]
+            if not self.signatures.verify(kind, payload):
+                why = "not the operator: attach with the operator token to control"
+                self.store.finish_command(cmd["id"], c.REFUSED, {"problems": {PLAN_PROBLEM: why}, "message": why}
+                                          if kind == c.APPLY else why)
                 continue
             try:
-                result = getattr(self, f"cmd_{cmd['kind']}")(payload)
-                self.store.finish_command(cmd["id"], "done", result)
+                if kind == c.APPLY:
+                    self.cmd_apply(cmd["id"], payload)  # answers the command itself, and follows it
+                else:
+                    self.store.finish_command(cmd["id"], c.DONE, getattr(self, f"cmd_{kind}")(payload))
             except (PlanError, RuntimeError, ValueError) as e:
-                self.store.finish_command(cmd["id"], "failed", str(e))
-                self.store.add_event("refused", f"{cmd['kind']}: {e}", {"command": cmd["id"]})
-
-    def is_from_operator(self, kind: str, payload: dict[str, Any]) -> bool:
-        nonce, signature = (payload.pop(field, None) for field in SIGNATURE_FIELDS)
-        if not isinstance(nonce, str) or not isinstance(signature, str) or nonce in self.used_nonces:
-            return False
-        if not hmac.compare_digest(signature, _signature(self.token, kind, nonce, payload)):
-            return False
-        self.used_nonces.add(nonce)
-        return True
+                problems = e.problems if isinstance(e, PlanError) else {PLAN_PROBLEM: str(e)}
+                if kind == c.APPLY:
+                    self.store.finish_command(cmd["id"], c.REFUSED, {"problems": problems, "message": str(e)})
+                else:
+                    self.store.finish_command(cmd["id"], c.FAILED_COMMAND, str(e))
+                self.store.add_event(c.EV_REFUSED, f"{kind}: {e}", {"command": cmd["id"], "problems": problems})
 
     def _require_run(self, what: str) -> Run:
         if self.run is None or self.run.poll() is not None:
             raise RuntimeError(f"can't {what}: no run is in progress (state {self.state()})")
         return self.run
 
-    def cmd_apply(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def cmd_apply(self, command_id: int, payload: dict[str, Any]) -> None:
+        """Check the change in full (verl's own check for a live run) and answer at once: accepted (a hot
+        directive for the next step boundary) or restarting (checkpoint there, then relaunch)."""
         run = self._require_run("apply a change")
         if self.pending_plan is not None:
             raise RuntimeError("a restart-class change is already pending; wait for it to take effect")
+        if not payload.get("changes"):
+            raise PlanError([f"{PLAN_PROBLEM}: no change given"])
         current = self.current_plan()
         new = current.with_changes(payload["changes"])
         new.validate(gpu_count=payload.get("gpu_count"), with_verl=isinstance(run, LiveRun))
         reason = run.cannot_apply(new)
         if reason:
             raise RuntimeError(reason)
+        changes = {d["knob"]: d["new"] for d in current.diff(new) if d["knob"] is not None}
+        if not changes:
+            raise PlanError([f"{PLAN_PROBLEM}: no change: every value is already in force"])
         mode = current.apply_class(new)
-        changes = {d["knob"]: d["new"] for d in current.diff(new) if "knob" in d}
+        answer = {"mode": mode, "changes": changes}
         if mode == "hot":
-            run.directive("runner.hot_apply", {"changes": changes, "plan_json": new.to_json()})
-        else:
-            self.pending_plan = new
-            run.directive("runner.checkpoint_exit", {})
-            self.set_state("restarting")
-            self.store.add_event(
-                "restart_pending",
-                f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, then relaunch",
-                {"changes": changes},
-            )
-        return {"mode": mode, "changes": changes}
+            self.store.put_command(c.RUNNER_HOT_APPLY, {"changes": changes, "plan_json": new.to_json(), "command": command_id})
+            self.store.finish_command(command_id, c.ACCEPTED, answer, final=False)
+            return
+        self.pending_plan, self.pending_command = new, command_id
+        self.store.put_command(c.RUNNER_CHECKPOINT_EXIT, {})
+        self.set_state(c.RESTARTING)
+        self.store.finish_command(command_id, c.RESTARTING, answer, final=False)
+        self.store.add_event(
+            c.EV_RESTART_PENDING,
+            f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, then relaunch",
+            {"changes": changes, "command": command_id},
+        )
+
+    def _abandon_changes(self, reason: str) -> None:
+        """The run ended before changes in flight took effect: say so on each, and drop directives no run took."""
+        for cmd in self.store.commands_in([c.ACCEPTED, c.RESTARTING], kinds=[c.APPLY]):
+            self.store.finish_command(cmd["id"], c.NOT_APPLIED, {**(cmd["result"] or {}), "message": reason})
+            self.store.add_event(c.EV_NOT_APPLIED, f"change {cmd['id']} not applied: {reason}", {"command": cmd["id"]})
+        for directive in self.store.commands_in([c.QUEUED], kinds=c.RUNNER_DIRECTIVES):
+            self.store.finish_command(directive["id"], c.DROPPED, reason)
+        self.pending_plan = self.pending_command = None
+        self.resuming = None
+
+    def check_resumed(self) -> None:
+        """A restart-class change is resumed once its relaunched run is ready (the runner's `started` event)."""
+        if self.resuming is None:
+            return
+        command_id, segment_id, seen = self.resuming
+        for event in self.store.rows("events", since_id=seen):
+            if event["kind"] == c.EV_STARTED and event["data"].get("segment") == segment_id:
+                result = self.store.command(command_id)["result"]
+                answer = json.loads(result) if result else {}
+                step = event["data"].get("first_step")
+                self.store.finish_command(command_id, c.RESUMED, {**answer, "step": step, "segment": segment_id})
+                self.resuming = None
+                return
 
     def cmd_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
-        self._require_run("pause").directive("runner.pause", {})
+        self._require_run("pause")
+        self.store.put_command(c.RUNNER_PAUSE, {})
         return {"at": "next step boundary"}
 
     def cmd_resume(self, payload: dict[str, Any]) -> dict[str, Any]:
-        self._require_run("resume").directive("runner.resume", {})
+        self._require_run("resume")
+        self.store.put_command(c.RUNNER_RESUME, {})
         return {"at": "now"}
 
     def cmd_stop(self, payload: dict[str, Any]) -> dict[str, Any]:
-        self.pending_plan = None
         if self.run is None or self.run.poll() is not None:
-            self.set_state("stopped")
+            self._abandon_changes("the session was stopped")
+            self.set_state(c.STOPPED)
             return {"stopped": "nothing was running"}
         if payload.get("now"):
-            self._end_run("stopped", "stopped at once by the operator")
+            self._end_run(c.STOPPED, "stopped at once by the operator")
             return {"stopped": "at once"}
-        self.run.directive("runner.stop", {"checkpoint": bool(payload.get("checkpoint"))})
+        self._abandon_changes("the session is stopping: the run exits at the next step boundary")
+        self.store.put_command(c.RUNNER_STOP, {"checkpoint": bool(payload.get("checkpoint"))})
         self.stopping_since = time.time()
-        self.set_state("stopping")
+        self.set_state(c.STOPPING)
         return {"stopped": "at the next step boundary"}
 
     def cmd_telemetry(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -304,7 +319,7 @@ class Supervisor:
             self._ensure_sampler(self.current_plan())
         else:
             self._stop_sampler()
-        self.store.add_event("telemetry", f"sampler {'on' if on else 'off'}", {"sampler": on})
+        self.store.add_event(c.EV_TELEMETRY, f"sampler {'on' if on else 'off'}", {"sampler": on})
         return {"sampler": on}
 
     def cmd_rollback(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -329,6 +344,7 @@ class Supervisor:
     def _end_run(self, state: str, reason: str) -> None:
         if self.run is not None:
             self.run.kill()
+        self._abandon_changes(reason)
         self._stop_sampler()
         if self.segment_id is not None and self.store.segment(self.segment_id)["status"] == "running":
             self.store.end_segment(self.segment_id, "done", reason)
@@ -343,7 +359,7 @@ class Supervisor:
         rc = self.run.poll()
         if rc is None:
             if self.stopping_since and time.time() - self.stopping_since > STOP_GRACE_S:
-                self._end_run("stopped", f"no step boundary within {STOP_GRACE_S:.0f} s: stopped at once")
+                self._end_run(c.STOPPED, f"no step boundary within {STOP_GRACE_S:.0f} s: stopped at once")
             return
         # The runner may have opened further segments (hot applies): the newest one is the one that ended.
         self.segment_id = self.store.last_segment()["id"]
@@ -354,10 +370,10 @@ class Supervisor:
             self.run.kill()  # Ray leaves workers behind on a crash
             self.run = None
             self.store.end_segment(self.segment_id, "failed", "out of memory" if oom else f"exit code {rc}")
-            self.pending_plan = None
-            self.set_state("failed")
+            self._abandon_changes(f"the run crashed ({'out of memory' if oom else f'exit code {rc}'})")
+            self.set_state(c.FAILED)
             self.store.add_event(
-                "crash",
+                c.EV_CRASH,
                 ("verl ran out of GPU memory" if oom else f"verl exited with code {rc}")
                 + ": roll back to the last good plan with session.rollback()",
                 {"segment": self.segment_id, "exit_code": rc, "oom": oom, "traceback_tail": tail},
@@ -366,20 +382,24 @@ class Supervisor:
         self.run.kill()
         self.run = None
         if self.pending_plan is not None:
-            previous, new = self.current_plan(), self.pending_plan
-            self.pending_plan = None
+            previous, new, command_id = self.current_plan(), self.pending_plan, self.pending_command
+            self.pending_plan = self.pending_command = None
             self.store.end_segment(self.segment_id, "done", "checkpointed for a restart-class change")
-            env, losses = restart_environment(previous, new, self.dir, self._latest_checkpoint_step())
+            env, losses = restart_environment(previous, new, self.dir, c.latest_checkpoint_step(self.dir))
             for loss in losses:
-                self.store.add_event("not_resumed", loss)
+                self.store.add_event(c.EV_NOT_RESUMED, loss)
+            seen = self.store.max_id("events")
             self.launch(new, reason="restart-class change", env=env)
+            if command_id is not None:
+                self.resuming = (command_id, self.segment_id, seen)
             return
         self.store.end_segment(self.segment_id, "done", "run ended")
         self._stop_sampler()
-        state = "stopped" if self.stopping_since else "finished"
+        state = c.STOPPED if self.stopping_since else c.FINISHED
+        self._abandon_changes("the run ended" if state == c.FINISHED else "the session was stopped")
         self.stopping_since = None
         self.set_state(state)
-        self.store.add_event(state, "verl run ended" if state == "finished" else "stopped by the operator")
+        self.store.add_event(state, "verl run ended" if state == c.FINISHED else "stopped by the operator")
 
     def loop(self) -> None:
         self.store.set_meta(supervisor_pid=os.getpid())
@@ -388,12 +408,13 @@ class Supervisor:
             while True:
                 # Runs first: a run that just exited for a restart is relaunched before commands look for a run.
                 self.check_run()
+                self.check_resumed()
                 self.handle_commands()
-                if self.state() in ("stopped", "finished") and self.run is None and self.pending_plan is None:
+                if self.state() in (c.STOPPED, c.FINISHED) and self.run is None and self.pending_plan is None:
                     break
                 time.sleep(POLL_S)
         except KeyboardInterrupt:
-            self._end_run("stopped", "supervisor terminated")
+            self._end_run(c.STOPPED, "supervisor terminated")
         finally:
             self._stop_sampler()
 
@@ -412,7 +433,7 @@ def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint
         )
     if actor_world_size(previous) != actor_world_size(new) and checkpoint_step is not None:
         # FSDP shards are saved per rank: a different world size can only start from the exported HF weights.
-        hf = session_dir / "checkpoints" / f"global_step_{checkpoint_step}" / "actor" / "huggingface"
+        hf = session_dir / c.CHECKPOINT_DIR / f"global_step_{checkpoint_step}" / "actor" / "huggingface"
         env.update({ACTOR_HF_ENV: str(hf), STEP_OFFSET_ENV: str(checkpoint_step), SKIP_CRITIC_RESUME_ENV: "1"})
         losses.append(
             f"the actor's GPU count changed ({actor_world_size(previous)} → {actor_world_size(new)}): FSDP shards can't "
@@ -485,6 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}/metrics"
         supervisor.store.set_meta(prometheus_url=url)
         supervisor.store.add_event("prometheus", f"metrics for Prometheus at {url}", {"url": url})
+    if args.replay is not None:
+        # Importing verl holds the interpreter for tenths of a second at a time: let it end before the replay plays
+        # at its recorded pace (a live run's own start-up takes minutes, beside which the import runs unnoticed).
+        supervisor.warm.join()
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
     supervisor.loop()

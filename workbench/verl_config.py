@@ -336,3 +336,13 @@ def verl_validation_problem(config: DictConfig) -> tuple[str, str | None] | None
         message = str(cause).strip() or type(cause).__name__
         return message, location.group(1) if location else None
     return None
+
+
+def warm() -> None:
+    """Import the verl modules the plan checks use (verl's role rules and config dataclasses pull in torch: seconds),
+    e.g. in a background thread, so the first check a user waits for does not pay for it."""
+    from verl.utils.config import validate_config  # noqa: F401 (imported for its cost, not its use)
+
+    config = default_config()
+    roles_in_use(config)
+    read_key(config, "critic.ppo_infer_max_token_len_per_gpu")

@@ -3,8 +3,8 @@
 `workbench_trainer(base)` subclasses whichever trainer verl picked for `trainer.v1.trainer_mode`, so sync,
 colocate_async and separate_async all keep verl's behaviour; the subclass only
 - writes every step's metrics to the session store (after verl computed them, before the next step),
-- executes `runner.*` directives from the supervisor at the step boundary: pause/resume, hot apply of token
-  budgets, checkpoint-and-exit (for restart-class changes) and stop,
+- executes the supervisor's directives at the step boundary (boundary.py, shared with replay): pause/resume, hot
+  apply of token budgets, checkpoint-and-exit (for restart-class changes) and stop,
 - passes the live token budgets to each worker call (verl reads them per call from the batch's extra_info),
 - places the critic on its own GPUs when the plan asks for it (verl shares `global_pool` between all roles),
 - records which process plays which role.
@@ -23,19 +23,15 @@ from omegaconf import open_dict
 from verl.single_controller.ray import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
+from .. import control as c
+from ..boundary import HotChange, StepBoundary
+from ..knobs import KNOBS
 from ..store import Store
 from .replay_buffer import shorten_poll
 from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
 
-PAUSE_POLL_S = 0.5
-
-# knob name -> (config path the trainer keeps live, worker call that reads it)
-HOT_BUDGETS = {
-    "actor_token_budget": ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "update_actor"),
-    "logprob_token_budget": ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "old_log_prob"),
-    "ref_token_budget": ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "ref"),
-    "critic_token_budget": ("critic.ppo_infer_max_token_len_per_gpu", "critic"),
-}
+# The knobs the runner changes between steps, and the verl keys each sets (all of them): the hot knobs of the table.
+HOT_KNOB_KEYS = {name: knob.keys for name, knob in KNOBS.items() if knob.apply == "hot"}
 
 
 def _select(config, path: str):
@@ -87,18 +83,20 @@ class WorkbenchTrainerMixin:
     def on_init_end(self):
         super().on_init_end()
         self._wb_store = Store(os.environ[SESSION_ENV])
-        self._wb_segment = int(os.environ[SEGMENT_ENV])
-        self._wb_paused = False
         self._wb_step_offset = int(os.environ.get(STEP_OFFSET_ENV, "0") or 0)
-        self._wb_budgets = {knob: _select(self.config, path) for knob, (path, _) in HOT_BUDGETS.items()}
+        self._wb_budgets = {knob: _select(self.config, keys[0]) for knob, keys in HOT_KNOB_KEYS.items()}
+        self._wb_boundary = StepBoundary(
+            self._wb_store, int(os.environ[SEGMENT_ENV]), hot_apply=self._wb_hot_apply,
+            checkpoint=self._wb_checkpoint, end_run=self._wb_end_run,
+        )
         self._wb_record_workers()
         self._wb_store.add_event(
-            "started",
+            c.EV_STARTED,
             f"verl is ready at step {self._wb_step_offset + self.global_steps + 1} ({self.trainer_mode})",
-            {"segment": self._wb_segment, "first_step": self._wb_step_offset + self.global_steps + 1,
+            {"segment": self._wb_boundary.segment_id, "first_step": self._wb_step_offset + self.global_steps + 1,
              "budgets": self._wb_budgets},
         )
-        self._wb_store.set_meta(state="running")
+        self._wb_store.set_meta(state=c.RUNNING)
 
     def _load_checkpoint(self):
         # A critic whose architecture changed (LoRA on/off) can't load the old critic's shards: resume the actor,
@@ -124,8 +122,8 @@ class WorkbenchTrainerMixin:
             for pid in pids:
                 roles_by_pid.setdefault(pid, set()).add(role)
         for pid, roles in roles_by_pid.items():
-            self._wb_store.add_worker(pid, "+".join(sorted(roles)), node, self._wb_segment)
-        self._wb_store.add_worker(os.getpid(), "driver", node, self._wb_segment)
+            self._wb_store.add_worker(pid, "+".join(sorted(roles)), node, self._wb_boundary.segment_id)
+        self._wb_store.add_worker(os.getpid(), "driver", node, self._wb_boundary.segment_id)
 
     # ----------------------------------------------------------------- live token budgets
     def _wb_with_budget(self, batch, knob: str) -> None:
@@ -158,72 +156,29 @@ class WorkbenchTrainerMixin:
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
         row = {k: _scalar(v) for k, v in metrics.items()}
-        row.update({f"workbench/budget/{k}": v for k, v in self._wb_budgets.items()})
+        row.update({f"{c.BUDGET_METRIC_PREFIX}{k}": v for k, v in self._wb_budgets.items()})
         step = self._wb_step_offset + global_steps
-        self._wb_store.add_step(self._wb_segment, step, row)
-        self._wb_step_boundary(step)
+        self._wb_store.add_step(self._wb_boundary.segment_id, step, row)
+        self._wb_boundary(step)
 
-    def _wb_step_boundary(self, step: int) -> None:
-        while True:
-            for directive in self._wb_store.take_commands(kinds=RUNNER_DIRECTIVES, taker="runner"):
-                self._wb_execute(directive, step)
-            if not self._wb_paused:
-                return
-            time.sleep(PAUSE_POLL_S)
-
-    def _wb_execute(self, directive: dict, step: int) -> None:
-        kind, payload = directive["kind"], directive["payload"]
-        store = self._wb_store
-        try:
-            if kind == "runner.pause":
-                self._wb_paused = True
-                store.set_meta(state="paused")
-                store.add_event("paused", f"paused after step {step}", {"step": step})
-            elif kind == "runner.resume":
-                self._wb_paused = False
-                store.set_meta(state="running")
-                store.add_event("resumed", f"resumed after step {step}", {"step": step})
-            elif kind == "runner.hot_apply":
-                self._wb_hot_apply(payload, step)
-            elif kind in ("runner.checkpoint_exit", "runner.stop"):
-                if kind == "runner.checkpoint_exit" or payload.get("checkpoint"):
-                    t0 = time.time()
-                    self._save_checkpoint()
-                    store.add_event(
-                        "checkpoint",
-                        f"checkpoint at step {step} ({time.time() - t0:.1f} s)",
-                        {"step": step, "seconds": time.time() - t0},
-                    )
-                self._wb_paused = False
-                self.total_training_steps = self.global_steps  # verl's loop ends after this step
-                store.add_event("exiting", f"verl exits after step {step} ({kind.split('.')[1]})", {"step": step})
-            store.finish_command(directive["id"], "done", {"step": step})
-        except Exception as e:
-            store.finish_command(directive["id"], "failed", repr(e))
-            store.add_event("error", f"{kind} failed at step {step}: {e!r}", {"step": step})
-
-    def _wb_hot_apply(self, payload: dict, step: int) -> None:
-        changes: dict[str, Any] = payload["changes"]
-        unknown = sorted(set(changes) - set(HOT_BUDGETS))
+    def _wb_hot_apply(self, changes: dict[str, Any], plan_json: str, step: int) -> HotChange:
+        unknown = sorted(set(changes) - set(HOT_KNOB_KEYS))
         if unknown:
             raise ValueError(f"not hot-applicable in the runner: {unknown}")
-        before = dict(self._wb_budgets)
+        before = {knob: self._wb_budgets[knob] for knob in changes}
         for knob, value in changes.items():
-            path, _ = HOT_BUDGETS[knob]
-            _set(self.config, path, int(value))
+            for key in HOT_KNOB_KEYS[knob]:
+                _set(self.config, key, int(value))
             self._wb_budgets[knob] = int(value)
-        # A hot change is a new segment: same process, new plan, measured separately.
-        self._wb_store.end_segment(self._wb_segment, "done", f"hot apply after step {step}")
-        self._wb_segment = self._wb_store.begin_segment(payload["plan_json"], reason="hot apply", resumed_from_step=step)
-        text = ", ".join(f"{k} {before[k]} → {v}" for k, v in changes.items())
-        self._wb_store.add_event(
-            "applied",
-            f"hot: {text} from step {step + 1}",
-            {"mode": "hot", "from_step": step + 1, "changes": changes, "before": before, "segment": self._wb_segment},
-        )
+        return HotChange(before)
 
+    def _wb_checkpoint(self, step: int) -> str:
+        t0 = time.time()
+        self._save_checkpoint()
+        return f" ({time.time() - t0:.1f} s)"
 
-RUNNER_DIRECTIVES = ("runner.pause", "runner.resume", "runner.hot_apply", "runner.checkpoint_exit", "runner.stop")
+    def _wb_end_run(self) -> None:
+        self.total_training_steps = self.global_steps  # verl's loop ends after this step
 
 
 _TRAINERS: dict[type, type] = {}

@@ -17,7 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .nvml import GpuReader, NvmlReader, NvmlUnavailable
-from .sampler import EVENT_KIND, Sampler
+from .sampling import EVENT_KIND, Sampler
 
 # A node keeps at most this many seconds of rows the head hasn't drained, so a stalled head can't exhaust its memory.
 BUFFER_SECONDS = 600.0

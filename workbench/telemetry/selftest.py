@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from .nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
-from .sampler import EXIT_NO_NVML
+from .sampling import EXIT_NO_NVML
 
 
 def _json_safe(value: Any) -> Any:

@@ -1,0 +1,116 @@
+"""The step boundary: where a run (the live trainer inside verl, or a replay) executes the supervisor's directives.
+
+One executor for both, so pause / resume / hot apply / checkpoint-and-exit / stop mean the same in a replay as in a
+live run. It imports no verl: the run gives it what differs as callables (how to put new budgets in force, how to
+checkpoint, how to end the run, how to wait while paused).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import control as c
+from .store import Store
+
+PAUSE_POLL_S = 0.1
+
+
+@dataclass
+class HotChange:
+    """What a run reports after putting a hot change in force: the values before, and anything to add to the
+    `applied` event (text appended, data merged)."""
+
+    before: dict[str, Any]
+    note: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class StepBoundary:
+    """Executes runner directives at a step boundary and keeps the segment a run writes to.
+
+    hot_apply(changes, plan_json, step) -> HotChange: put the changes in force (raise to refuse: nothing changes).
+    checkpoint(step) -> str: save a checkpoint; returns words for the event.
+    end_run(): make the run end after this step. idle(seconds): wait while paused (a replay raises when killed).
+    replay=True marks events as the replay's own ("replay: …", data replay=True).
+    """
+
+    def __init__(
+        self, store: Store, segment_id: int, *, hot_apply: Callable[[dict, str, int], HotChange],
+        checkpoint: Callable[[int], str], end_run: Callable[[], None], idle: Callable[[float], None] = time.sleep,
+        replay: bool = False,
+    ):
+        self.store = store
+        self.segment_id = segment_id
+        self.paused = False
+        self._hot_apply = hot_apply
+        self._checkpoint = checkpoint
+        self._end_run = end_run
+        self._idle = idle
+        self._replay = replay
+
+    def _event(self, kind: str, text: str, data: dict[str, Any]) -> None:
+        if self._replay:
+            text, data = f"replay: {text}", {**data, "replay": True}
+        self.store.add_event(kind, text, data)
+
+    def __call__(self, step: int) -> bool:
+        """Execute what the supervisor sent (and, while paused, what it sends, waiting here); True: the run ends
+        after this step."""
+        ending = False
+        while True:
+            for directive in self.store.take_commands(kinds=c.RUNNER_DIRECTIVES, taker=c.TAKEN_BY_RUNNER):
+                ending = self._execute(directive, step) or ending
+            if not self.paused:
+                return ending
+            self._idle(PAUSE_POLL_S)
+
+    def _execute(self, directive: dict[str, Any], step: int) -> bool:
+        kind, payload = directive["kind"], directive["payload"]
+        ending = False
+        try:
+            if kind == c.RUNNER_PAUSE:
+                self.paused = True
+                self.store.set_meta(state=c.PAUSED)
+                self._event(c.EV_PAUSED, f"paused after step {step}", {"step": step})
+            elif kind == c.RUNNER_RESUME:
+                self.paused = False
+                self.store.set_meta(state=c.RUNNING)
+                self._event(c.EV_RESUMED, f"resumed after step {step}", {"step": step})
+            elif kind == c.RUNNER_HOT_APPLY:
+                self._apply(payload, step)
+            elif kind in (c.RUNNER_CHECKPOINT_EXIT, c.RUNNER_STOP):
+                if kind == c.RUNNER_CHECKPOINT_EXIT or payload.get("checkpoint"):
+                    words = self._checkpoint(step)
+                    self._event(c.EV_CHECKPOINT, f"checkpoint at step {step}{words}", {"step": step})
+                self.paused, ending = False, True
+                self._end_run()
+                self._event(c.EV_EXITING, f"exits after step {step} ({kind.split('.')[1]})", {"step": step})
+            else:
+                raise ValueError(f"unknown directive {kind!r}")
+            self.store.finish_command(directive["id"], c.DONE, {"step": step})
+        except Exception as e:
+            self.store.finish_command(directive["id"], c.FAILED_COMMAND, repr(e))
+            self._event(c.EV_ERROR, f"{kind} failed at step {step}: {e}", {"step": step})
+            if kind == c.RUNNER_HOT_APPLY and payload.get("command") is not None:
+                self.store.finish_command(payload["command"], c.NOT_APPLIED, {"message": f"the run refused it: {e}"})
+        return ending
+
+    def _apply(self, payload: dict[str, Any], step: int) -> None:
+        changes: dict[str, Any] = payload["changes"]
+        done = self._hot_apply(changes, payload["plan_json"], step)
+        # A hot change is a new segment: same run, new plan, measured separately.
+        self.store.end_segment(self.segment_id, "done", f"hot apply after step {step}")
+        self.segment_id = self.store.begin_segment(payload["plan_json"], reason="hot apply", resumed_from_step=step)
+        text = ", ".join(f"{k} {done.before.get(k)} → {v}" for k, v in changes.items())
+        self._event(
+            c.EV_APPLIED, f"hot: {text} from step {step + 1}{done.note}",
+            {"mode": "hot", "from_step": step + 1, "changes": changes, "before": done.before,
+             "segment": self.segment_id, "command": payload.get("command"), **done.data},
+        )
+        if payload.get("command") is not None:
+            self.store.finish_command(
+                payload["command"], c.APPLIED,
+                {"mode": "hot", "changes": changes, "step": step + 1, "segment": self.segment_id},
+            )

@@ -1,0 +1,123 @@
+"""The control vocabulary every part of a session speaks: session states, command kinds and states, runner
+directives, event kinds, the operator token and its signatures, the checkpoint marker, the budget metric prefix.
+
+Views (through Session) write user commands; the supervisor answers them and turns them into runner directives; the
+runner inside verl (or a replay) executes directives at its step boundary. All of them name things from here, so no
+part imports another's module for a word of the protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+# ------------------------------------------------------------------------------------------------ session states
+STARTING, RUNNING, PAUSED, RESTARTING, STOPPING = "starting", "running", "paused", "restarting", "stopping"
+STOPPED, FINISHED, FAILED = "stopped", "finished", "failed"
+LOST = "lost"  # said by readers, never written: the state says active but the supervisor process is gone
+ACTIVE_STATES = (STARTING, RUNNING, PAUSED, RESTARTING, STOPPING)
+ENDED_STATES = (STOPPED, FINISHED, FAILED, LOST)
+
+# ------------------------------------------------------------------------------------------------ user commands
+APPLY, PAUSE, RESUME, STOP, ROLLBACK, TELEMETRY = "apply", "pause", "resume", "stop", "rollback", "telemetry"
+USER_COMMANDS = (APPLY, PAUSE, RESUME, STOP, ROLLBACK, TELEMETRY)
+
+# ------------------------------------------------------------------------------------------------ runner directives
+# Executed by the runner (runner/trainer.py) or a replay (replay.py) at the next step boundary.
+RUNNER_PAUSE = "runner.pause"
+RUNNER_RESUME = "runner.resume"
+RUNNER_HOT_APPLY = "runner.hot_apply"
+RUNNER_CHECKPOINT_EXIT = "runner.checkpoint_exit"
+RUNNER_STOP = "runner.stop"
+RUNNER_DIRECTIVES = (RUNNER_PAUSE, RUNNER_RESUME, RUNNER_HOT_APPLY, RUNNER_CHECKPOINT_EXIT, RUNNER_STOP)
+
+# ------------------------------------------------------------------------------------------------ command states
+QUEUED = "queued"
+TAKEN_BY_SUPERVISOR, TAKEN_BY_RUNNER = "supervisor", "runner"
+DONE, FAILED_COMMAND, REFUSED = "done", "failed", "refused"
+# An apply goes on: accepted (a hot directive is queued) → applied; or restarting → resumed; or not_applied when
+# the run ended, crashed or was stopped before the change took effect.
+ACCEPTED, APPLIED, RESUMED, NOT_APPLIED = "accepted", "applied", "resumed", "not_applied"
+DROPPED = "dropped"  # a runner directive no run took (the run ended first)
+ANSWERED = (DONE, FAILED_COMMAND, REFUSED, ACCEPTED, RESTARTING, APPLIED, RESUMED, NOT_APPLIED, DROPPED)
+FINAL = (DONE, FAILED_COMMAND, REFUSED, APPLIED, RESUMED, NOT_APPLIED, DROPPED)
+CARRIED_OUT = (DONE, ACCEPTED, RESTARTING, APPLIED, RESUMED)  # what a recording's operator got done
+
+# ------------------------------------------------------------------------------------------------ event kinds
+EV_LAUNCHED, EV_STARTED, EV_RUNTIME = "launched", "started", "runtime"
+EV_PAUSED, EV_RESUMED = "paused", "resumed"
+EV_APPLIED, EV_RESTART_PENDING, EV_CHECKPOINT, EV_EXITING = "applied", "restart_pending", "checkpoint", "exiting"
+EV_NOT_RESUMED, EV_NOT_APPLIED, EV_REFUSED, EV_ERROR, EV_CRASH = (
+    "not_resumed", "not_applied", "refused", "error", "crash")
+EV_STOPPED, EV_FINISHED = STOPPED, FINISHED
+EV_ADVICE, EV_TELEMETRY, EV_PROMETHEUS, EV_REPLAY = "advice", "telemetry", "prometheus", "replay"
+# Events about a session's own control and life cycle (a replay writes its own, not the recording's).
+CONTROL_EVENT_KINDS = frozenset({
+    EV_LAUNCHED, EV_STARTED, EV_PAUSED, EV_RESUMED, EV_APPLIED, EV_RESTART_PENDING, EV_CHECKPOINT, EV_EXITING,
+    EV_NOT_RESUMED, EV_NOT_APPLIED, EV_REFUSED, EV_ERROR, EV_CRASH, EV_STOPPED, EV_FINISHED, EV_ADVICE,
+})
+
+# ------------------------------------------------------------------------------------------------ files
+TOKEN_FILE = "operator.token"
+LOG_DIR = "logs"
+CHECKPOINT_DIR = "checkpoints"
+# verl's checkpoint marker: which step the newest checkpoint holds (a relaunch resumes from it).
+CHECKPOINT_MARKER = Path(CHECKPOINT_DIR) / "latest_checkpointed_iteration.txt"
+
+# ------------------------------------------------------------------------------------------------ metrics
+# The runner adds the token budgets in force to every step's metrics under this prefix.
+BUDGET_METRIC_PREFIX = "workbench/budget/"
+
+
+def latest_checkpoint_step(session_dir: Path) -> int | None:
+    marker = Path(session_dir) / CHECKPOINT_MARKER
+    return int(marker.read_text().strip()) if marker.exists() else None
+
+
+def write_checkpoint_marker(session_dir: Path, step: int) -> None:
+    marker = Path(session_dir) / CHECKPOINT_MARKER
+    marker.parent.mkdir(exist_ok=True)
+    marker.write_text(str(step))
+
+
+# ------------------------------------------------------------------------------------------------ operator signing
+# Each operator command carries an HMAC over a fresh nonce, the kind and the payload, made with the session's operator
+# token. The token never enters the store (every viewer can read it), and a copied signature can't be used twice.
+SIGNATURE_FIELDS = ("nonce", "signature")
+
+
+def signature(token: str, kind: str, nonce: str, payload: dict[str, Any]) -> str:
+    message = json.dumps([nonce, kind, payload], sort_keys=True, default=str).encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def signed(token: str, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload of an operator command, signed with the operator token."""
+    nonce = secrets.token_hex(12)
+    return {**payload, "nonce": nonce, "signature": signature(token, kind, nonce, payload)}
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+class SignatureCheck:
+    """Checks operator signatures for one session; each nonce is good once."""
+
+    def __init__(self, token: str):
+        self._token = token
+        self._used: set[str] = set()
+
+    def verify(self, kind: str, payload: dict[str, Any]) -> bool:
+        """Whether the command came from the operator; takes the signature fields out of `payload`."""
+        nonce, sig = (payload.pop(field, None) for field in SIGNATURE_FIELDS)
+        if not isinstance(nonce, str) or not isinstance(sig, str) or nonce in self._used:
+            return False
+        if not hmac.compare_digest(sig, signature(self._token, kind, nonce, payload)):
+            return False
+        self._used.add(nonce)
+        return True
