@@ -66,13 +66,16 @@ def free_port(ip: str) -> int:
         return s.getsockname()[1]
 
 
-def _port_taken(ip: str, port: int) -> bool:
-    with socket.socket() as s:
+def check_port(ip: str, port: int | None) -> None:
+    """Raise OSError, in words, when ip:port can't be served (0 or None: any free port will do)."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
         try:
             s.bind((ip, port))
-        except OSError:
-            return True
-    return False
+        except OSError as e:
+            raise OSError(f"port {port} on {ip} is in use or not ours ({e.strerror}): pick another with --port N "
+                          "(or --port 0 for a free one)") from None
 
 
 def display_host(ip: str) -> str:
@@ -98,10 +101,8 @@ class DashboardServer:
         The port is given to Voila with no retries, so the printed URL is the one it serves: a taken port is an
         error in words, not a server somewhere else."""
         notebook = notebook or notebooks_dir() / DASHBOARD_NOTEBOOK
-        if not port:
-            port = free_port(ip)
-        elif _port_taken(ip, port):
-            raise OSError(f"port {port} on {ip} is in use: pick another with --port N (or --port 0 for a free one)")
+        check_port(ip, port)
+        port = port or free_port(ip)
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / "voila.log"
         command = [
@@ -203,4 +204,4 @@ def raise_on_sigterm() -> None:
 
 
 __all__ = ["DashboardServer", "page_url", "notebooks_dir", "DEFAULT_PORT", "SESSION_KEY", "TOKEN_KEY",
-           "raise_on_sigterm"]
+           "raise_on_sigterm", "check_port"]

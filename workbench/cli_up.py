@@ -17,7 +17,7 @@ import webbrowser
 
 import psutil
 
-from .cli_serve import DEFAULT_PORT, DashboardServer, page_url, raise_on_sigterm
+from .cli_serve import DEFAULT_PORT, DashboardServer, check_port, page_url, raise_on_sigterm
 from .control import ENDED_STATES, TOKEN_FILE
 from .paths import home
 
@@ -78,38 +78,48 @@ def follow(session, seconds: float | None = None, steps: int | None = None, out=
     """Print steps and events as they land until the session ends (past_end: until Ctrl-C), `seconds` pass or
     `steps` steps were seen."""
     out = out or sys.stdout
-    step_id = event_id = 0
-    seen = 0
-    ended = False
+    cursor, seen, ended = None, 0, False
     deadline = time.time() + seconds if seconds else None
     while True:
-        for event in session.store.rows("events", since_id=event_id):
-            event_id = event["id"]
-            print(f"  [{event['kind']}] {event['text']}", file=out, flush=True)
-        for row in session.store.rows("steps", since_id=step_id):
-            step_id = row["id"]
-            seen += 1
-            m = row["metrics"]
-            step_s, gen_s = m.get("timing_s/step") or 0.0, m.get("timing_s/gen") or 0.0
-            print(
-                f"step {row['step']:>4}  segment {row['segment_id']}  {step_s:6.1f} s  gen {100 * gen_s / step_s if step_s else 0:3.0f} %"
-                f"  {m.get('perf/throughput') or 0:7.0f} tok/s/GPU  critic loss {m.get('critic/vf_loss') or float('nan'):.3f}",
-                file=out, flush=True,
-            )
-        state = session.state
-        if not ended and state in ENDED_STATES and session.store.max_id("events") == event_id:
-            ended = True
-            print(f"session {session.id} is {state}", file=out, flush=True)
+        poll = session.poll(cursor)
+        if "events" in poll.changed:
+            for event in session.events(since_id=poll.since["events"]).itertuples():
+                print(f"  [{event.kind}] {event.text}", file=out, flush=True)
+        if "steps" in poll.changed:
+            for row in session.steps(since_id=poll.since["steps"]).to_dict("records"):
+                seen += 1
+                step_s, gen_s = _number(row.get("timing_s/step")), _number(row.get("timing_s/gen"))
+                print(
+                    f"step {row['step']:>4}  segment {row['segment_id']}  {step_s:6.1f} s  "
+                    f"gen {100 * gen_s / step_s if step_s else 0:3.0f} %  {_number(row.get('perf/throughput')):7.0f} "
+                    f"tok/s/GPU  critic loss {_number(row.get('critic/vf_loss'), float('nan')):.3f}",
+                    file=out, flush=True,
+                )
+        cursor = poll.cursor
+        if not ended and poll.state in ENDED_STATES and not poll.changed - {"meta"}:
+            ended = True  # and every event up to the end was printed
+            print(f"session {session.id} is {poll.state}", file=out, flush=True)
             if not past_end:
-                return 0 if state != "lost" else 1
+                return 0 if poll.state != "lost" else 1
             print("the dashboard keeps serving it: Ctrl-C to end", file=out, flush=True)
         if (steps is not None and seen >= steps) or (deadline is not None and time.time() > deadline):
             return 0
         time.sleep(FOLLOW_POLL_S)
 
 
+def _number(value, missing: float = 0.0) -> float:
+    """A metric as a float; `missing` where the step did not report it (None or NaN)."""
+    return missing if value is None or value != value else float(value)
+
+
 def run_up(args: argparse.Namespace) -> int:
     raise_on_sigterm()  # a SIGTERM cleans up the way Ctrl-C does
+    if not args.no_dashboard:
+        try:
+            check_port(args.ip, args.port)  # before a session is started for nothing
+        except OSError as e:
+            print(f"verl-workbench up: {e}", file=sys.stderr, flush=True)
+            return 1
     started_here = not args.attach
     session = start_session(args)
     server = None

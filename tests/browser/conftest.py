@@ -124,3 +124,48 @@ class Up:
                 p.kill()
             self.process.kill()
             raise
+
+
+# ------------------------------------------------------------------------------------------------ the dashboard page
+BUDGETS = ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")
+# Sum of the points every plotly chart on the page draws (plotly keeps its traces on the graph div as `.data`).
+CHART_POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(
+    gd => (gd.data || []).reduce((n, trace) => n + ((trace.x && trace.x.length) || 0), 0)).reduce((a, b) => a + b, 0)"""
+
+
+def open_dashboard(browser, url: str, *, root: str = ".wb-dashboard"):
+    """A new page on url, once the dashboard's knob editors (built from the session's first read) are there."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.goto(url)
+    page.wait_for_selector(f"{root} .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
+    return page
+
+
+def chart_points(page) -> int:
+    return page.evaluate(CHART_POINTS_JS)
+
+
+def wait_until(condition, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(poll)
+
+
+def set_slider(page, knob: str, value: int) -> None:
+    """Type a value into an ipywidgets slider's editable readout (what a user does for an exact number)."""
+    readout = page.locator(f".wb-knob-{knob} .widget-readout")
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(str(value))
+    page.keyboard.press("Enter")
+
+
+def store_commands(home: Path, session_id: str):
+    from workbench.session import Session
+
+    return Session.attach(home / "sessions" / session_id, read_only=True).commands()

@@ -1,0 +1,99 @@
+"""The dashboard in JupyterLab 4: a notebook cell shows `Dashboard(...)` for a replayed session; run through Lab's
+own UI in headless Chromium, its charts grow with no further interaction and an Apply from the page is applied."""
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from tests.browser.conftest import (
+    BUDGETS, PAGE_TIMEOUT_MS, chart_points, screenshot, set_slider, store_commands, wait_until,
+)
+from workbench.cli_serve import free_port
+
+pytestmark = pytest.mark.browser
+NOTEBOOK = "dashboard_in_lab.ipynb"
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A replayed session (speed 3, no recorded operator), a notebook that shows its dashboard as the operator, and
+    JupyterLab on loopback with a token."""
+    from workbench.session import Session
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "VERL_WORKBENCH_HOME": str(home)}
+    os.environ["VERL_WORKBENCH_HOME"] = str(home)  # the session's supervisor and this test's reads
+    try:
+        session = Session.replay("h200-proof", speed=3, follow=False)
+    finally:
+        os.environ.pop("VERL_WORKBENCH_HOME")
+    operator_token = (session.dir / "operator.token").read_text().strip()
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(
+        "from widgets.dashboard import Dashboard\n"
+        "from workbench.session import Session\n\n"
+        f"Dashboard(Session.attach({session.id!r}, read_only=True), token={operator_token!r})")]
+    nbformat.write(notebook, tmp_path / NOTEBOOK)
+    token, port = secrets.token_hex(16), free_port("127.0.0.1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        env=env, stdout=open(tmp_path / "lab.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        yield {"url": f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}?token={token}&reset", "home": home,
+               "session": session, "log": tmp_path / "lab.log"}
+    finally:
+        procs = [server, *psutil.Process(server.pid).children(recursive=True)] if server.poll() is None else []
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        for p in procs[1:]:
+            if p.is_running():
+                p.kill()
+        os.environ["VERL_WORKBENCH_HOME"] = str(home)
+        try:
+            session.stop(now=True)
+        finally:
+            os.environ.pop("VERL_WORKBENCH_HOME")
+
+
+def test_lab_dashboard_updates_live_and_applies(lab, browser):
+    page = browser.new_page(viewport={"width": 1600, "height": 1200})
+    page.goto(lab["url"])
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
+                           ".jp-Toolbar-kernelStatus:has-text('Idle')", timeout=PAGE_TIMEOUT_MS)
+    page.locator(".jp-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
+    page.wait_for_selector(".jp-OutputArea .wb-dashboard .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
+    first = wait_until(lambda: chart_points(page), 60, "a chart with points")
+    screenshot(page, "lab_live_first")
+    wait_until(lambda: chart_points(page) > first, 60, f"charts growing past {first} points with no cell run")
+    screenshot(page, "lab_live_later")
+
+    session = lab["session"]
+    before = len(store_commands(lab["home"], session.id))
+    for knob in BUDGETS:
+        set_slider(page, knob, 32768)
+    apply = page.locator(".wb-apply")
+    wait_until(lambda: apply.is_enabled(), 30, "Apply enabled for a valid change")
+    apply.click()
+    commands = wait_until(lambda: len(c := store_commands(lab["home"], session.id)) > before and c, 30,
+                          "the apply command in the store")
+    assert commands[commands.kind == "apply"].iloc[-1].payload["changes"] == {knob: 32768 for knob in BUDGETS}
+    page.wait_for_selector(".wb-events-log:has-text('applied')", timeout=180_000)
+    assert "actor_token_budget 4096 → 32768" in page.inner_text(".wb-events-log")
+    screenshot(page, "lab_applied")
+    page.close()
