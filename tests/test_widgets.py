@@ -57,7 +57,7 @@ def test_every_panel_shows_the_replayed_session(home):
     session = Session.replay(PROOF, speed=SLOW)
     try:
         session.wait_for_step(4, timeout=TIMEOUT)
-        d = Dashboard(session, live=False)
+        d = Dashboard(session, live=False, window_min=1)  # a 50× replay packs minutes of samples into seconds
         timings = d.refresh()
         assert d.errors.value == ""
         assert set(timings) >= {"read", "SessionBar", "UtilizationPanel", "ExportPanel"}
@@ -73,7 +73,7 @@ def test_every_panel_shows_the_replayed_session(home):
         assert x1 - x0 == pytest.approx(d.utilization.window.value * 60_000)
         # step breakdown: every recorded step, phases stacking up to the step time
         bars = {t.name: t for t in d.steps.fig.data}
-        steps = session.steps()
+        steps = d.ctx.feed.steps  # the rows this refresh read (the replay runs on meanwhile)
         assert len(bars["gen"].x) == min(len(steps), 60) and bars["gen"].y[0] > 0
         total = np.nansum([bars[p].y[0] for p in bars if p != "GPU busy %"])
         assert total == pytest.approx(steps["timing_s/step"].iloc[0], rel=1e-6)
@@ -84,10 +84,25 @@ def test_every_panel_shows_the_replayed_session(home):
         assert "launched" in d.events.log.value and "util %" in d.events.balance.value
         assert "actor_rollout_ref.model.path=" in d.export.text.value and "wb-download" in d.export.buttons.value
         budget = d.changes.editors["actor_token_budget"]
-        assert isinstance(budget.control, W.IntSlider) and budget.control.value == 4096 and budget.apply == "hot"
+        in_force = d.ctx.feed.knob_table.set_index("name")["value"]
+        assert isinstance(budget.control, W.IntSlider) and budget.apply == "hot"
+        assert budget.control.value == in_force["actor_token_budget"] in (4096, 32768)  # before / after the hot change
         assert "restart" in d.changes.editors["trainer_mode"].label.value
         assert d.changes.editors["ref_token_budget"].control.disabled  # no reference policy in this plan
         assert "no reference policy" in d.changes.editors["ref_token_budget"].message.value
+        # advisor: findings (computed in their own thread) with evidence, and an Apply per proposal
+        d.ctx.feed.wait_for_advice()
+        d.refresh()
+        findings = d.ctx.feed.findings
+        assert findings and "evidence:" in d.advisor.list.children[0].children[0].value
+        proposing = [(b, f) for b, f in d.advisor._buttons]
+        if proposing:
+            button, finding = proposing[0]
+            before = len(session.commands())
+            button.click()
+            commands = session.commands()
+            assert len(commands) == before + 1 and commands.iloc[-1]["payload"]["changes"] == finding.change
+            assert f"advice: {finding.title}" in d.changes.progress.value
     finally:
         stop(session)
 

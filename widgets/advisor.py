@@ -22,7 +22,8 @@ class AdvisorPanel:
         self.ctx = ctx
         self.changes = changes  # the changes panel: it shows the progress of an applied finding
         self.list = W.VBox(_dom_classes=["wb-findings"])
-        self.widget = W.VBox([heading("Advisor"), self.list], _dom_classes=["wb-advisor"])
+        self.note = W.HTML(_dom_classes=["wb-advice-note"])
+        self.widget = W.VBox([heading("Advisor"), self.note, self.list], _dom_classes=["wb-advisor"])
         self._shown: tuple = ()
         self._buttons: list[tuple[W.Button, object]] = []
 
@@ -31,7 +32,7 @@ class AdvisorPanel:
             return None
         findings = list(feed.findings or [])
         key = tuple((f.rule, f.title, f.evidence_text, _change_text(f.change)) for f in findings)
-        return None if key == self._shown else (key, findings)
+        return (None if key == self._shown else (key, findings)), feed.findings_note
 
     def _card(self, finding) -> W.Widget:
         css = SEVERITY_CSS.get(str(finding.severity), "wb-muted")
@@ -61,8 +62,10 @@ class AdvisorPanel:
         self.changes.track(handle, f"advice: {finding.title}")
 
     def show(self, payload) -> None:
-        if payload is not None:
-            key, findings = payload
+        cards, note = payload
+        assign(self.note, value=f"<span class='wb-muted'>{html.escape(note)}</span>")
+        if cards is not None:
+            key, findings = cards
             self._shown, self._buttons = key, []
             self.list.children = [self._card(f) for f in findings] or [
                 W.HTML("<span class='wb-muted'>No findings: nothing in the measurements calls for a change "

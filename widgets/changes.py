@@ -285,6 +285,4 @@ class ChangesPanel:
                     self._mark(problems)
                 if done and not self.tracked.done:
                     self.tracked.done = True
-                    self._enable()
-            if knobs is None and progress is None:
-                self._enable()
+            self._enable()  # follows the operator (a token may have unlocked the page) and any apply in flight

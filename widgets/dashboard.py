@@ -60,6 +60,9 @@ from .utilization import UtilizationPanel
 
 SESSION_PARAM, TOKEN_PARAM = "session", "token"
 MIN_INTERVAL_S = 0.5  # at most 2 Hz: each tick re-sends whole chart arrays to every viewer
+# What a full refresh tells every panel is new (each then recomputes and re-sends what it shows).
+ALL_NEWS = frozenset({"state", "meta", "steps", "events", "samples", "step_samples", "knobs", "segments",
+                      "placement", "findings"})
 
 
 def page_query(query_string: str | None = None) -> dict[str, str]:
@@ -140,10 +143,10 @@ class Dashboard:
         return self.widget._repr_mimebundle_(**kwargs)
 
     # ----------------------------------------------------------------- one tick
-    def _read(self, full: bool) -> list:
+    def _read(self, everything: bool) -> list:
         with self._tick:
             started = time.perf_counter()
-            news = self.ctx.feed.read(full=full)
+            news = self.ctx.feed.read() | (ALL_NEWS if everything else set())
             timings = {"read": (time.perf_counter() - started) * 1000.0}
             payloads = []
             for panel in self.panels:
@@ -173,8 +176,10 @@ class Dashboard:
         assign(self.token_row.layout, display="none" if self.ctx.operator else "flex")
 
     def refresh(self) -> dict[str, float]:
-        """One full refresh of every panel, synchronously; returns milliseconds per stage (read, then each panel)."""
-        self._show(self._read(full=True))
+        """One full refresh of every panel, synchronously: the store's news read (only rows newer than those held;
+        rate-limited derived reads as in a tick; advice arrives from its own thread on a later refresh) and every
+        panel recomputed and re-sent. Returns milliseconds per stage (read, then each panel's prepare + show)."""
+        self._show(self._read(everything=True))
         return dict(self.timings_ms)
 
     # ----------------------------------------------------------------- live updates
@@ -225,4 +230,4 @@ class Dashboard:
             self.ctx.feed.session = session
         self.token.value = ""
         self.unlock_message.value = ""
-        self._show([panel.prepare(self.ctx.feed, set()) for panel in self.panels])
+        self.refresh()

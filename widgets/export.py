@@ -36,6 +36,7 @@ class ExportPanel:
         self.text = W.Textarea(layout=W.Layout(width="100%", height="220px"), _dom_classes=["wb-export-text"])
         self.buttons = W.HTML(_dom_classes=["wb-export-buttons"])
         self._dirty = True
+        self._options: list = []
         self.segment.observe(self._changed, "value")
         self.format.observe(self._changed, "value")
         self.widget = W.VBox([heading("Export"), W.HBox([self.segment, self.format]), self.text, self.buttons],
@@ -49,12 +50,14 @@ class ExportPanel:
         with self.ctx.lock:
             dirty, self._dirty = self._dirty, False
             segment, fmt = self.segment.value, self.format.value
-        if not dirty and "segments" not in news:
-            return None
         options = [("plan in force", IN_FORCE)] + [
             (f"segment {int(r['id'])} ({r.get('status', '')})", int(r["id"]))
             for r in feed.segments.to_dict("records")
-        ] if len(feed.segments) else [("plan in force", IN_FORCE)]
+        ]
+        # The plan in force changes only with a new segment: export again only then or on a new choice.
+        if not dirty and options == self._options:
+            return None
+        self._options = options
         try:
             exported = self.ctx.session.export(fmt, segment=segment or None)
             text = "\n".join(exported) if isinstance(exported, list) else str(exported)

@@ -1,13 +1,16 @@
 """What the dashboard knows about its session, read incrementally through `Session.poll`.
 
 One `Feed.read()` per tick (in a worker thread): one cheap poll, then only the tables it names as changed, and of
-those only the rows after the ones already held. Samples come aggregated in SQL for the chart's fixed window.
-Slow derived reads (segments with their statistics, placement, advice) are rate-limited: the numbers they show
-move at step pace, not at 2 Hz.
+those only the rows after the ones already held. GPU samples come aggregated in SQL per bucket
+(`Session.samples(window_s, every_s)`); a `Buckets` window re-reads only its newest buckets each tick. Derived reads
+that move at step pace (segments with their statistics, placement) are rate-limited, and advice (which reads every
+sample of a segment) is computed in a thread of its own so that no tick waits for it.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from typing import Any
 
@@ -15,29 +18,55 @@ import pandas as pd
 
 # Names `Session.poll` reports news for.
 TABLES = ("steps", "samples", "procs", "events", "segments", "commands", "meta")
-# Buckets per GPU the SQL aggregation returns for the window; the charts downsample further (min/max-preserving).
+# Buckets per GPU the SQL aggregation returns for a window; the charts downsample further (min/max-preserving).
 SAMPLE_BUCKETS = 2000
-# Seconds between re-reads of derived data that only moves at step pace (a full refresh ignores these).
-MIN_INTERVAL_S = {"segments": 3.0, "placement": 2.0, "findings": 10.0, "step_samples": 5.0}
+# Seconds between re-reads of derived data that only moves at step pace.
+MIN_INTERVAL_S = {"segments": 3.0, "placement": 3.0, "findings": 30.0}
+EVENTS_KEPT = 500
 # Steps the step breakdown shows; their GPU-busy share needs the samples of their time span.
 STEPS_SHOWN = 60
-EVENTS_KEPT = 500
 
 
 def _append(held: pd.DataFrame, new: pd.DataFrame, keep: int | None = None) -> pd.DataFrame:
-    if held is None or held.empty:
-        out = new
-    elif new.empty:
-        out = held
-    else:
-        out = pd.concat([held, new], ignore_index=True)
+    out = new if held.empty else held if new.empty else pd.concat([held, new], ignore_index=True)
     if keep is not None and len(out) > keep:
         out = out.iloc[-keep:].reset_index(drop=True)
     return out
 
 
-def _last_id(frame: pd.DataFrame | None) -> int:
-    return int(frame["id"].iloc[-1]) if frame is not None and len(frame) else 0
+def _last_id(frame: pd.DataFrame) -> int:
+    return int(frame["id"].iloc[-1]) if len(frame) else 0
+
+
+class Buckets:
+    """A sliding window of samples aggregated per `every_s` bucket, kept current by reading only the buckets from
+    the newest one held onwards (it may have been still filling when read)."""
+
+    def __init__(self, every_s: float):
+        self.every_s = float(every_s)
+        self.frame = pd.DataFrame()
+        self.window_s = 0.0  # the window of the last read
+
+    def read(self, session, window_s: float) -> pd.DataFrame:
+        every = self.every_s
+        held = self.frame
+        if held.empty or window_s > self.window_s:
+            frame = session.samples(window_s=window_s, every_s=every)  # first read, or the window grew
+        else:
+            newest = float(held["t"].max())
+            tail = session.samples(window_s=max(time.time() - newest, 0.0) + 2 * every, every_s=every)
+            tail = tail[tail["t"] >= newest]
+            frame = _append(held[held["t"] < newest].reset_index(drop=True), tail.reset_index(drop=True))
+        if len(frame):
+            frame = frame[frame["t"] >= float(frame["t"].max()) - window_s].reset_index(drop=True)
+        self.frame, self.window_s = frame, window_s
+        return frame
+
+
+def bucket_seconds(window_s: float, floor: float = 0.1) -> float:
+    """A bucket size giving at most SAMPLE_BUCKETS per GPU over the window, as a power of two times `floor`
+    (so a window keeps its buckets, and its cache, while it slides)."""
+    return floor * 2 ** max(0, math.ceil(math.log2(max(window_s / SAMPLE_BUCKETS / floor, 1e-9))))
 
 
 class Feed:
@@ -51,31 +80,33 @@ class Feed:
         self.steps = pd.DataFrame()
         self.events = pd.DataFrame()
         self.segments = pd.DataFrame()
-        self.samples = pd.DataFrame()
-        self.step_samples = pd.DataFrame()
+        self.samples = pd.DataFrame()  # the chart window, aggregated per bucket
+        self.step_samples = pd.DataFrame()  # the span of the last STEPS_SHOWN steps, per second
         self.placement: Any = None
         self.knob_table = pd.DataFrame()
         self.findings: list = []
+        self.findings_note = "advice: waiting for measured steps"
+        self._buckets: Buckets | None = None
+        self._step_buckets = Buckets(every_s=1.0)
         self._read_at: dict[str, float] = {}
-        self._sampled_window_s: float | None = None
         self._stale: set[str] = set()  # derived reads with news not read yet (rate-limited)
+        self._advice: threading.Thread | None = None
+        self._advice_result: tuple | None = None
 
-    def _due(self, name: str, full: bool) -> bool:
-        if full or name not in self._read_at:
-            return True
-        return time.monotonic() - self._read_at[name] >= MIN_INTERVAL_S[name]
+    def _due(self, name: str) -> bool:
+        return time.monotonic() - self._read_at.get(name, -math.inf) >= MIN_INTERVAL_S[name]
 
-    def read(self, full: bool = False) -> set[str]:
+    def read(self) -> set[str]:
         """Read what changed since the last call; returns the names of what this feed now holds anew."""
         s = self.session
         poll = s.poll(self.cursor)
-        changed = set(TABLES) if full or self.cursor is None else set(poll.changed)
+        changed = set(TABLES) if self.cursor is None else set(poll.changed)
         self.cursor = poll.cursor
         news: set[str] = set()
         if poll.state != self.state or poll.last_step != self.last_step:
             news.add("state")
         self.state, self.last_step = poll.state, poll.last_step
-        if "meta" in changed or not self.meta:
+        if "meta" in changed:
             self.meta = s.meta
             news.add("meta")
         if "steps" in changed:
@@ -88,35 +119,69 @@ class Feed:
             if len(new):
                 self.events = _append(self.events, new, keep=EVENTS_KEPT)
                 news.add("events")
-        if "samples" in changed or self._sampled_window_s != self.window_s:
-            window_s = self.window_s
-            self.samples = s.samples(window_s=window_s, every_s=max(0.1, window_s / SAMPLE_BUCKETS))
-            self._sampled_window_s = window_s
+        every = bucket_seconds(self.window_s)
+        if self._buckets is None or self._buckets.every_s != every:
+            self._buckets = Buckets(every)
+            changed.add("samples")
+        if "samples" in changed or self._buckets.window_s != self.window_s:
+            self.samples = self._buckets.read(s, self.window_s)
             news.add("samples")
-        if "segments" in changed or self.knob_table.empty:
+        if ("samples" in changed or "steps" in news) and len(self.steps):
+            self.step_samples = self._step_buckets.read(s, self._steps_span())
+            news.add("step_samples")
+        if "segments" in changed:
             self.knob_table = s.knob_table()
             news.add("knobs")
         for name, triggers, reader in (
             ("segments", {"segments", "steps"}, s.segments),
             ("placement", {"procs", "segments"}, s.placement),
-            ("findings", {"steps", "segments"}, s.advice_findings),
-            ("step_samples", {"steps"}, self._step_samples),
         ):
             if changed & triggers:
                 self._stale.add(name)
-            if name in self._stale and self._due(name, full):
+            if name in self._stale and self._due(name):
                 setattr(self, name, reader())
                 self._read_at[name] = time.monotonic()
                 self._stale.discard(name)
                 news.add(name)
+        news |= self._advise(changed)
         return news
 
-    def _step_samples(self) -> pd.DataFrame:
-        """Samples aggregated over the time span of the steps the step breakdown shows."""
+    def _steps_span(self) -> float:
+        """Seconds from the start of the first step the breakdown shows to the newest sample (+ a margin)."""
         recent = self.steps.iloc[-STEPS_SHOWN:]
-        if recent.empty:
-            return pd.DataFrame()
         first_step_s = recent["timing_s/step"].iloc[0] if "timing_s/step" in recent else 0.0
         first = float(recent["t"].iloc[0]) - (0.0 if pd.isna(first_step_s) else float(first_step_s))
-        span = max(time.time(), float(recent["t"].iloc[-1])) - first + 5.0
-        return self.session.samples(window_s=span, every_s=max(0.5, span / SAMPLE_BUCKETS))
+        return max(time.time(), float(recent["t"].iloc[-1])) - first + 5.0
+
+    def _advise(self, changed: set[str]) -> set[str]:
+        """Advice runs in its own thread (it reads every sample of the segment it judges); its result lands here."""
+        news = set()
+        if self._advice_result is not None:
+            self.findings, self.findings_note = self._advice_result
+            self._advice_result = None
+            news.add("findings")
+        if changed & {"steps", "segments"}:
+            self._stale.add("findings")
+        busy = self._advice is not None and self._advice.is_alive()
+        if "findings" in self._stale and not busy and self._due("findings"):
+            self._stale.discard("findings")
+            self._read_at["findings"] = time.monotonic()
+            session = self.session
+
+            def run() -> None:
+                try:
+                    findings = session.advice_findings()
+                    note = f"advice as of {time.strftime('%H:%M:%S')} (re-judged at most every " \
+                           f"{MIN_INTERVAL_S['findings']:.0f} s)"
+                    self._advice_result = (findings, note)
+                except Exception as error:  # shown in the advisor panel
+                    self._advice_result = ([], f"advice failed: {error!r}")
+
+            self._advice = threading.Thread(target=run, name="wb-advice", daemon=True)
+            self._advice.start()
+        return news
+
+    def wait_for_advice(self, timeout: float = 60.0) -> None:
+        """Block until a running advice computation has finished (tests, scripts); the next read picks it up."""
+        if self._advice is not None:
+            self._advice.join(timeout)
