@@ -131,7 +131,7 @@ def test_every_knob_plan_is_valid_and_runs_through_the_workbench_launcher(every_
     every_knob_plan.validate(gpu_count=5)
     command = every_knob_plan.to_command()
     assert command.startswith("# critic_gpus=1")
-    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4 python3 -m workbench.runner.launch --critic-gpus 1" in command
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4 python3 -m workbench.launch --critic-gpus 1" in command
     assert every_knob_plan.config.trainer.n_gpus_per_node == 2  # 5 GPUs less one each for critic/reward/rollout
     assert every_knob_plan.config.actor_rollout_ref.rollout.n_gpus_per_node == 1
     assert every_knob_plan.config.reward.reward_model.enable_resource_pool is True
@@ -293,13 +293,13 @@ def test_a_critic_pool_shrinks_the_actor_pool(default_plan):  # noqa: F811
     plan = default_plan.with_changes({"gpus": [2, 3, 5], "critic_gpus": 1})
     assert plan.config.trainer.n_gpus_per_node == 2
     assert plan.to_command().splitlines()[1].startswith(
-        "CUDA_VISIBLE_DEVICES=2,3,5 python3 -m workbench.runner.launch --critic-gpus 1")
+        "CUDA_VISIBLE_DEVICES=2,3,5 python3 -m workbench.launch --critic-gpus 1")
 
 
 def test_a_lora_critic_needs_the_workbench_launcher(default_plan):  # noqa: F811
     command = default_plan.with_changes({"critic_lora_rank": 16}).to_command()
     assert command.startswith("# critic_lora_rank=16: verl's FSDP LoRA critic crashes")
-    assert "python3 -m workbench.runner.launch trainer.n_gpus_per_node=1" in command.replace(" \\\n    ", " ")
+    assert "python3 -m workbench.launch trainer.n_gpus_per_node=1" in command.replace(" \\\n    ", " ")
 
 
 # ------------------------------------------------------------------------------------------ overrides, env

@@ -65,8 +65,18 @@ CONTROL_EVENT_KINDS = frozenset({
 TOKEN_FILE = "operator.token"
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"
+# Why the supervisor failed, where the store could not take it (unwritable, disk full): the session handle reads it.
+# The supervisor reserves the file's space when it starts, so that a full disk can still take the reason.
+FAILURE_FILE = "supervisor.failure"
+FAILURE_NOTE_BYTES = 4096
 # verl's checkpoint marker: which step the newest checkpoint holds (a relaunch resumes from it).
 CHECKPOINT_MARKER = Path(CHECKPOINT_DIR) / "latest_checkpointed_iteration.txt"
+# The composed verl config of each segment, written by whoever launches the run (the runner reads no plan).
+CONFIG_DIR = "configs"
+
+
+def segment_config_path(session_dir: Path, segment_id: int) -> Path:
+    return Path(session_dir) / CONFIG_DIR / f"segment-{segment_id}.yaml"
 
 # ------------------------------------------------------------------------------------------------ metrics
 # The runner adds the token budgets in force to every step's metrics under this prefix.

@@ -214,7 +214,7 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "Physical GPU indices for this session (CUDA_VISIBLE_DEVICES); actor+rollout+ref get what the pools leave.",
          workbench_default=[0], derived_keys=_PLACEMENT_KEYS),
     Knob("critic_gpus", (), "int", "restart", "placement",
-         "GPUs of `gpus` for the critic alone (0 = shares the actor's GPUs); launched by workbench.runner.launch.",
+         "GPUs of `gpus` for the critic alone (0 = shares the actor's GPUs); launched by workbench.launch.",
          bounds=(0, None), workbench_default=0, derived_keys=_PLACEMENT_KEYS),
     Knob("reward_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the reward model's own pool (0 = colocated); needs reward.reward_model.enable.",
@@ -244,7 +244,7 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          bounds=(1, None)),
     # --- LoRA critic ----------------------------------------------------------------------------------------------
     Knob("critic_lora_rank", ("critic.model.lora_rank",), "int", "restart", "LoRA critic",
-         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.runner.launch.", bounds=(0, None)),
+         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.launch.", bounds=(0, None)),
     Knob("critic_lora_alpha", ("critic.model.lora_alpha",), "int", "restart", "LoRA critic",
          "LoRA scaling factor alpha of the critic.", bounds=(1, None)),
     Knob("critic_lora_targets", ("critic.model.target_modules",), "str", "restart", "LoRA critic",

@@ -29,8 +29,8 @@ from workbench import verl_config
 
 PLAN_FORMAT = "verl-workbench-plan/1"
 VERL_ENTRY = "python3 -m verl.trainer.main_ppo"
-# The workbench's own verl launcher (runner side): it adds what verl's entry point cannot do itself.
-LAUNCH_ENTRY = "python3 -m workbench.runner.launch"
+# The workbench's own verl launcher: it adds what verl's entry point cannot do itself.
+LAUNCH_ENTRY = "python3 -m workbench.launch"
 
 _TRAINER_GPUS = "trainer.n_gpus_per_node"
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -147,7 +147,7 @@ def _inferred_placement(base: DictConfig, named_keys: set[str]) -> dict[str, Any
 def _placement_values(placement: Mapping[str, Any], base: DictConfig) -> dict[str, Any]:
     """The verl keys the placement knobs decide: the actor pool gets the GPUs the other pools leave.
 
-    verl has no critic pool: critic_gpus only shrinks the actor pool here; workbench.runner.launch builds it.
+    verl has no critic pool: critic_gpus only shrinks the actor pool here; workbench.launch builds it (through the runner).
     """
     nnodes = OmegaConf.select(base, "trainer.nnodes")
     pools = placement["critic_gpus"] + placement["reward_gpus"] + placement["rollout_gpus"]
@@ -541,10 +541,10 @@ class Plan:
         reasons = []
         if critic_gpus > 0:
             reasons.append(f"critic_gpus={critic_gpus}: verl puts every role in one global pool and "
-                           "has no critic pool; workbench.runner.launch adds one")
+                           "has no critic pool; workbench.launch adds one")
         if lora_rank > 0:
             reasons.append(f"critic_lora_rank={lora_rank}: verl's FSDP LoRA critic crashes at "
-                           "critic_reset; workbench.runner.launch applies LoRA to the critic itself")
+                           "critic_reset; workbench.launch applies LoRA to the critic itself")
         return reasons
 
     def to_command(self) -> str:

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from omegaconf import OmegaConf
 
 from . import control as c
 from . import verl_config
 from .plan import PLAN_PROBLEM, Plan, PlanError
-from .runner.runtime import ACTOR_HF_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
+from .runner.runtime import (ACTOR_HF_ENV, CRITIC_GPUS_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV,
+                             SUPERVISOR_PID_ENV)
 from .store import Store
 
 POLL_S = 0.1  # a command waits at most this long to be taken: a hot change must reach the next step boundary
@@ -112,13 +114,24 @@ class Run:
         return None
 
 
+def write_segment_config(session_dir: Path, segment_id: int, plan: Plan) -> dict[str, str]:
+    """Write the segment's composed verl config for the runner (which reads no plan); returns the environment the
+    run needs besides (the placement verl's config can't hold)."""
+    path = c.segment_config_path(session_dir, segment_id)
+    path.parent.mkdir(exist_ok=True)
+    OmegaConf.save(plan.config, path)
+    return {CRITIC_GPUS_ENV: str(plan.workbench["critic_gpus"]),
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.workbench["gpus"]))}
+
+
 class LiveRun(Run):
     """`python -m workbench.runner.launch` in its own process group, with the GPUs of the plan."""
 
     def __init__(self, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str]):
         self.log_path = session_dir / c.LOG_DIR / f"segment-{segment_id}.log"
         self.log_path.parent.mkdir(exist_ok=True)
-        env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.workbench["gpus"]))}
+        env = {**os.environ, **env, **write_segment_config(session_dir, segment_id, plan),
+               SUPERVISOR_PID_ENV: str(os.getpid())}  # the run dies with this supervisor (runtime.die_with_supervisor)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "workbench.runner.launch", "--session", str(session_dir), "--segment", str(segment_id)],
