@@ -74,6 +74,7 @@ def environment(machine: str | None = None) -> dict[str, Any]:
         "host": platform.node(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],  # a shared machine's timings need this beside them
         **gpu_info(),
         "versions": versions(),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -97,3 +98,65 @@ def test_segments_keep_compile_caches_in_the_session_and_log_vllm_at_info(tmp_pa
     config, _ = runtime.runtime_config(verl_like_config(), tmp_path)
     env = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert "VLLM_DISABLE_COMPILE_CACHE" not in env and "VLLM_CACHE_ROOT" not in env
+
+
+def test_session_ray_cluster_applies_to_single_node_plans_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench import ray_cluster
+
+    one_node = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
+    two_nodes = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=2)), workbench={"gpus": [0]})
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(ray_cluster.ENABLE_ENV, raising=False)
+    assert ray_cluster.enabled(one_node) and not ray_cluster.enabled(two_nodes)
+    monkeypatch.setenv(ray_cluster.ENABLE_ENV, "0")
+    assert not ray_cluster.enabled(one_node)
+    assert ray_cluster.SessionRayCluster("/tmp/x").env_for(one_node) == {}
+    monkeypatch.delenv(ray_cluster.ENABLE_ENV)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # the user's own cluster: theirs to manage
+    assert not ray_cluster.enabled(one_node)
+
+
+@pytest.mark.slow
+def test_session_ray_cluster_outlives_a_run_and_ends_what_the_run_left(tmp_path, monkeypatch):
+    """A real Ray head (CPU): a run joins it, starts an actor that starts a child process, and exits without
+    cleaning up; end_run_processes ends the actor and its child, the head stays for the next run; stop ends it."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    import psutil
+
+    from workbench.ray_cluster import SessionRayCluster
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("WORKBENCH_RAY_CLUSTER", raising=False)
+    plan = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
+    cluster = SessionRayCluster(tmp_path)
+    try:
+        env = cluster.env_for(plan)
+        assert env["RAY_ADDRESS"].startswith("127.0.0.1:") and cluster.alive()
+        assert cluster.env_for(plan) == env  # the same cluster for the next run
+        run = (
+            "import ray, subprocess, time, os\n"
+            "ray.init()\n"
+            "@ray.remote(num_cpus=0)\n"
+            "class A:\n"
+            "    def go(self):\n"
+            "        self.p = subprocess.Popen(['sleep', '600'])\n"
+            "        return self.p.pid\n"
+            "a = A.remote()\n"
+            "print(ray.get(a.go.remote()), flush=True)\n"
+            "os._exit(0)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", run], env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=300)
+        child = int(out.stdout.strip().splitlines()[-1])
+        cluster.end_run_processes(grace_s=20)
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        assert not cluster.run_processes()
+        assert cluster.alive()
+    finally:
+        cluster.stop()
+    assert not cluster.processes()

@@ -1,0 +1,177 @@
+"""One Ray cluster per session, kept across its segments (on unless WORKBENCH_RAY_CLUSTER=0; single-node plans).
+
+Every segment of a session is its own verl process (verl's `run_ppo` never shuts Ray down; ending the process tree
+is what frees the GPUs), and `ray.init()` in each one starts a fresh local Ray head: GCS, raylet, dashboard, log
+and autoscaler monitors — 2.5–3.8 s from Ray's first log line to "Started a local Ray instance" on the H200
+(bench/results/h200_2026-11-30/startup_phases.json), more on a loaded host. The supervisor can instead start one
+head with the plan's GPUs when the session's first run launches, hand every run `RAY_ADDRESS` (verl's `ray.init()`
+then connects instead of starting one), and after each run end what that run left in the cluster: the run's actors
+die with their driver, but every worker process of the cluster (`ray::…`) and everything under it (vLLM's engine
+core) is ended here, and so is any process of the cluster still holding a GPU; the head itself (no GPU memory)
+stays. A different GPU set, a multi-node plan or an outside `RAY_ADDRESS` gets no session cluster.
+
+The supervisor's hook (workbench/supervisor.py):
+
+    self.ray = SessionRayCluster(session_dir)                          # Supervisor.__init__
+    env = {**env, **self.ray.env_for(plan)}                            # Supervisor.launch, for a live run
+    self.ray.end_run_processes()                                       # after a live run was killed / ended
+    self.ray.stop()                                                    # when the supervisor ends
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ENABLE_ENV = "WORKBENCH_RAY_CLUSTER"
+START_TIMEOUT_S = 180.0
+
+
+def enabled(plan: Any = None) -> bool:
+    """Whether a session cluster applies: not switched off, no outside cluster, one node."""
+    if os.environ.get(ENABLE_ENV, "1") == "0" or os.environ.get("RAY_ADDRESS"):
+        return False
+    nnodes = getattr(getattr(getattr(plan, "config", None), "trainer", None), "nnodes", 1) if plan is not None else 1
+    return int(nnodes or 1) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SessionRayCluster:
+    def __init__(self, session_dir: str | os.PathLike):
+        self.session_dir = Path(session_dir)
+        # Ray's socket paths live under the temp dir and must stay short (AF_UNIX: 107 bytes): not the session dir.
+        tag = hashlib.sha1(str(self.session_dir.resolve()).encode()).hexdigest()[:10]
+        self.temp_dir = Path(tempfile.gettempdir()) / f"wb-ray-{tag}"
+        self.address: str | None = None
+        self.gpus: list[int] | None = None
+        self.log_path = self.session_dir / "logs" / "ray-cluster.log"
+
+    # ----------------------------------------------------------------- life cycle
+    def env_for(self, plan: Any) -> dict[str, str]:
+        """The environment a run of `plan` needs to join the session cluster (started or restarted as needed);
+        {} where no session cluster applies."""
+        if not enabled(plan):
+            return {}
+        gpus = list(plan.workbench["gpus"])
+        if self.address and (self.gpus != gpus or not self.alive()):
+            self.stop()
+        if not self.address:
+            self.start(gpus)
+        return {"RAY_ADDRESS": self.address}
+
+    def start(self, gpus: list[int]) -> str:
+        port = _free_port()
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.run(
+                [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                 f"--num-gpus={len(gpus)}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+                 "--disable-usage-stats"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=START_TIMEOUT_S,
+                start_new_session=True,
+            )
+        if proc.returncode != 0:
+            self._end(self.processes())
+            raise RuntimeError(f"ray start --head failed (exit {proc.returncode}): see {self.log_path}")
+        self.address, self.gpus = f"127.0.0.1:{port}", list(gpus)
+        return self.address
+
+    def alive(self) -> bool:
+        return any("gcs_server" in " ".join(p.info["cmdline"] or []) for p in self._ours_iter())
+
+    def stop(self) -> None:
+        """End every process of the cluster (head included)."""
+        self._end(self.processes())
+        self.address = self.gpus = None
+
+    # ----------------------------------------------------------------- after a run
+    def end_run_processes(self, grace_s: float = 15.0) -> list[int]:
+        """End what a finished run left in the cluster: its worker processes (`ray::…`) with everything under them
+        (after `grace_s` for Ray to end them itself), and any process of the cluster that still holds a GPU.
+        Returns the pids that had to be ended."""
+        deadline = time.time() + grace_s
+        while True:
+            left = self.run_processes() | self.gpu_processes()
+            if not left or time.time() >= deadline:
+                break
+            time.sleep(0.5)
+        return self._end(left)
+
+    def processes(self) -> set[psutil.Process]:
+        """Every process of this cluster: its own (their command line names its temp dir) and all under them."""
+        out: set[psutil.Process] = set()
+        for p in self._ours_iter():
+            out.add(p)
+            try:
+                out.update(p.children(recursive=True))
+            except psutil.Error:
+                continue
+        return out
+
+    def run_processes(self) -> set[psutil.Process]:
+        """The cluster's worker processes (Ray renames them `ray::<actor or task>`) and their children."""
+        out: set[psutil.Process] = set()
+        for p in self.processes():
+            try:
+                if " ".join(p.cmdline()).startswith("ray::"):
+                    out.add(p)
+                    out.update(p.children(recursive=True))
+            except psutil.Error:
+                continue
+        return out
+
+    def gpu_processes(self) -> set[psutil.Process]:
+        """Processes of the cluster that hold memory on any GPU (NVML); none without a driver."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:
+            return set()
+        try:
+            pids = set()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                pids |= {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        finally:
+            pynvml.nvmlShutdown()
+        return {p for p in self.processes() if p.pid in pids}
+
+    def _ours_iter(self):
+        mark = str(self.temp_dir)
+        for p in psutil.process_iter(["cmdline"]):
+            if any(mark in arg for arg in (p.info["cmdline"] or [])):
+                yield p
+
+    @staticmethod
+    def _end(procs: set[psutil.Process], grace_s: float = 10.0) -> list[int]:
+        procs = {p for p in procs if p.pid != os.getpid()}
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(list(procs), timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        return sorted(p.pid for p in procs)
