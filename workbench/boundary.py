@@ -34,14 +34,17 @@ class StepBoundary:
     checkpoint(step) -> str: save a checkpoint; returns words for the event.
     end_run(): make the run end after this step. idle(seconds): wait while paused (a replay raises when killed).
     replay=True marks events as the replay's own ("replay: …", data replay=True).
+    token: the session's operator token. Only directives the supervisor signed with it are executed (each once):
+    anyone who can write the store (a viewer that should not, a copied row) can't steer the run.
     """
 
     def __init__(
         self, store: Store, segment_id: int, *, hot_apply: Callable[[dict, str, int], HotChange],
         checkpoint: Callable[[int], str], end_run: Callable[[], None], idle: Callable[[float], None] = time.sleep,
-        replay: bool = False,
+        replay: bool = False, token: str,
     ):
         self.store = store
+        self._signatures = c.SignatureCheck(token)
         self.segment_id = segment_id
         self.paused = False
         self._hot_apply = hot_apply
@@ -61,6 +64,11 @@ class StepBoundary:
         ending = False
         while True:
             for directive in self.store.take_commands(kinds=c.RUNNER_DIRECTIVES, taker=c.TAKEN_BY_RUNNER):
+                if not self._signatures.verify(directive["kind"], directive["payload"]):
+                    self.store.finish_command(directive["id"], c.REFUSED, "not signed by this session's supervisor")
+                    self._event(c.EV_REFUSED, f"{directive['kind']}: not signed by this session's supervisor",
+                                {"command": directive["id"], "step": step})
+                    continue
                 ending = self._execute(directive, step) or ending
             if not self.paused:
                 return ending

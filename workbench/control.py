@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from typing import Any
 # ------------------------------------------------------------------------------------------------ session states
 STARTING, RUNNING, PAUSED, RESTARTING, STOPPING = "starting", "running", "paused", "restarting", "stopping"
 STOPPED, FINISHED, FAILED = "stopped", "finished", "failed"
-LOST = "lost"  # said by readers, never written: the state says active but the supervisor process is gone
+# The state says active but the supervisor process is gone: said by every reader, written by the next operator
+# handle (the watchdog in session.py, which also ends what is left of the run).
+LOST = "lost"
 ACTIVE_STATES = (STARTING, RUNNING, PAUSED, RESTARTING, STOPPING)
 ENDED_STATES = (STOPPED, FINISHED, FAILED, LOST)
 
@@ -55,6 +58,7 @@ EV_NOT_RESUMED, EV_NOT_APPLIED, EV_REFUSED, EV_ERROR, EV_CRASH = (
     "not_resumed", "not_applied", "refused", "error", "crash")
 EV_STOPPED, EV_FINISHED = STOPPED, FINISHED
 EV_ADVICE, EV_TELEMETRY, EV_PROMETHEUS, EV_REPLAY = "advice", "telemetry", "prometheus", "replay"
+EV_FAILED, EV_LOST = FAILED, LOST  # the supervisor could not go on (start-up, store); the supervisor is gone
 # Events about a session's own control and life cycle (a replay writes its own, not the recording's).
 CONTROL_EVENT_KINDS = frozenset({
     EV_LAUNCHED, EV_STARTED, EV_PAUSED, EV_RESUMED, EV_APPLIED, EV_RESTART_PENDING, EV_CHECKPOINT, EV_EXITING,
@@ -86,6 +90,31 @@ BUDGET_METRIC_PREFIX = "workbench/budget/"
 def latest_checkpoint_step(session_dir: Path) -> int | None:
     marker = Path(session_dir) / CHECKPOINT_MARKER
     return int(marker.read_text().strip()) if marker.exists() else None
+
+
+def reserve_failure_note(session_dir: Path) -> None:
+    """Set aside the space for a failure note (blank until written)."""
+    path = Path(session_dir) / FAILURE_FILE
+    if not path.exists():
+        path.write_bytes(b" " * FAILURE_NOTE_BYTES)
+
+
+def write_failure_note(session_dir: Path, reason: str) -> None:
+    """Write the reason in the reserved space (in place: a full disk takes it), then trim the rest."""
+    data = reason.encode()[:FAILURE_NOTE_BYTES - 1] + b"\n"
+    fd = os.open(Path(session_dir) / FAILURE_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def read_failure_note(session_dir: Path) -> str | None:
+    try:
+        return (Path(session_dir) / FAILURE_FILE).read_text(errors="replace").strip() or None
+    except OSError:
+        return None
 
 
 def write_checkpoint_marker(session_dir: Path, step: int) -> None:

@@ -310,7 +310,7 @@ class ReplayRun:
         self._operator = operator
         self._boundary = StepBoundary(
             store, segment_id, hot_apply=self._hot_apply, checkpoint=self._checkpoint, end_run=lambda: None,
-            idle=self._idle, replay=True,
+            idle=self._idle, replay=True, token=(session_dir / c.TOKEN_FILE).read_text().strip(),
         )
         self._switch_to: RecordedSegment | None = None  # the recorded segment a hot change continues in
         self._killed = threading.Event()

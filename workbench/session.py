@@ -224,6 +224,8 @@ class Session:
         follow=True re-issues the recorded operator's commands (changes, telemetry, rollback, stop) where the
         recording gave them, so the replay tells the whole recorded story; any command of yours takes control from
         it for good. follow=False leaves every command to you."""
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
+            raise ValueError(f"speed={speed!r}: a replay's speed is a positive number (recorded seconds per second)")
         recording = resolve_recording(recording)
         recorded = Store(recording, readonly=True)
         first = recorded.rows("segments")[0]
@@ -251,16 +253,20 @@ class Session:
         token_path.write_text(token)
         store = Store(directory)
         store.set_meta(created=time.time(), initial_plan=plan.to_json(), state=c.STARTING, **meta)
-        (directory / c.LOG_DIR).mkdir(exist_ok=True)
-        env = dict(os.environ)
+        (directory / c.LOG_DIR).mkdir(mode=0o700, exist_ok=True)
+        # The plan's credentials go to the supervisor (and its runs) by environment, never into the store.
+        env = {**os.environ, **plan.secrets_env()}
         package_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        with open(directory / c.LOG_DIR / "supervisor.log", "ab") as log:
+        log_fd = os.open(directory / c.LOG_DIR / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with open(log_fd, "ab") as log:
             # A new process session: the supervisor outlives the kernel (and page reloads) that started it.
-            subprocess.Popen(
+            supervisor = subprocess.Popen(
                 [sys.executable, "-m", "workbench.supervisor", "--session", str(directory), *args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
             )
+        # Known from the start: a supervisor that dies before it writes a word is seen gone, not "starting" for ever.
+        store.set_meta(supervisor_pid=supervisor.pid)
         store.close()
         return cls(directory, token)
 
@@ -281,7 +287,7 @@ class Session:
             rows.append(
                 dict(
                     id=store_path.parent.name, path=str(store_path.parent), kind=meta.get("kind"),
-                    state=_effective_state(meta), created=pd.to_datetime(meta.get("created"), unit="s"),
+                    state=_effective_state(meta, store_path.parent), created=pd.to_datetime(meta.get("created"), unit="s"),
                     segments=store.max_id("segments"), steps=store.max_id("steps"),
                 )
             )
@@ -306,7 +312,40 @@ class Session:
 
     @property
     def state(self) -> str:
-        return _effective_state(self.meta)
+        meta = self.meta
+        state = _effective_state(meta, self.dir)
+        if state == c.LOST and meta.get("state") != c.LOST and self.is_operator:
+            self._mark_lost(meta)
+        return state
+
+    @property
+    def failure(self) -> str | None:
+        """Why the session failed or was lost, in words; None while it runs or when it ended well."""
+        note = c.read_failure_note(self.dir)
+        if note:
+            return note
+        state = self.state
+        if state not in (c.FAILED, c.LOST):
+            return None
+        for event in reversed(self._store.rows("events")):
+            if event["kind"] in (c.EV_FAILED, c.EV_CRASH, c.EV_LOST):
+                return event["text"]
+        return _gone(self.meta, self.dir)
+
+    def _mark_lost(self, meta: dict[str, Any]) -> None:
+        """The watchdog: the session says it runs but its supervisor is gone (killed, or the machine rebooted). Say
+        so in the store (state lost, why, changes in flight not applied) and end what is left of its run: a live
+        run's processes share the run's process session, which the supervisor no longer ends. The next operator
+        handle that looks does it (a viewer can't write)."""
+        reason = _gone(meta, self.dir)
+        if meta.get("run_pid"):
+            end_process_session(int(meta["run_pid"]))
+        for command in self._store.commands_in([c.QUEUED, c.TAKEN_BY_SUPERVISOR, c.ACCEPTED, c.RESTARTING],
+                                               kinds=c.USER_COMMANDS):
+            final = c.NOT_APPLIED if command["kind"] == c.APPLY else c.FAILED_COMMAND
+            self._store.finish_command(command["id"], final, {"message": reason} if final == c.NOT_APPLIED else reason)
+        self._store.set_meta(state=c.LOST)
+        self._store.add_event(c.EV_LOST, reason, {"supervisor_pid": meta.get("supervisor_pid")})
 
     @property
     def plan(self) -> Plan:
@@ -357,9 +396,11 @@ class Session:
         return pid is None or process_alive(int(pid))  # None: it is still starting
 
     def _no_supervisor(self, kind: str) -> str:
-        if self.state == c.LOST:
-            return f"{kind}: the supervisor of session {self.id} is gone (see {self.dir / c.LOG_DIR})"
-        return f"{kind}: session {self.id} is {self.state} and its supervisor has exited: nothing runs to control"
+        state, failure = self.state, self.failure
+        why = f": {failure}" if failure else ""
+        if state == c.LOST:
+            return f"{kind}: the supervisor of session {self.id} is gone{why}"
+        return f"{kind}: session {self.id} is {state} and its supervisor has exited: nothing runs to control{why}"
 
     def preview(self, changes: dict[str, Any] | None) -> Preview:
         """What applying `changes` would do (mode, diff against the plan in force, problems keyed by knob), with
@@ -414,13 +455,19 @@ class Session:
     def resume(self) -> None:
         self._command(c.RESUME)
 
-    def stop(self, *, now: bool = False, checkpoint: bool = False, wait: bool = True, timeout: float = 180.0) -> None:
-        """Stop at the next step boundary (or at once with now=True) and free the GPUs."""
-        if self.is_operator and self.state in (c.STOPPED, c.FINISHED) and not self._supervisor_alive():
-            return  # it has ended already
+    def stop(self, *, now: bool = False, checkpoint: bool = False, wait: bool = True, timeout: float = 180.0) -> str:
+        """Stop at the next step boundary (or at once with now=True) and free the GPUs; returns what happened, in
+        words. Stopped means stopped in every state: a failed session waiting for a rollback ends too, and one whose
+        supervisor is gone (or never started) has what is left of its run ended and says why, at once."""
+        self._require_operator(c.STOP)
+        if not self._supervisor_alive():
+            state, failure = self.state, self.failure  # reading the state runs the watchdog
+            return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
         self._command(c.STOP, {"now": now, "checkpoint": checkpoint})
         if wait:
-            self.wait_until(lambda s: s.state in (c.STOPPED, c.FINISHED, c.FAILED, c.LOST), timeout=timeout)
+            self.wait_until(lambda s: s.state in c.ENDED_STATES and not s._supervisor_alive(), timeout=timeout)
+        state, failure = self.state, self.failure
+        return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
 
     def telemetry(self, on: bool = True) -> None:
         """Turn the NVML sampler off or on (e.g. to measure what it costs)."""
@@ -440,8 +487,10 @@ class Session:
 
     def wait_for_step(self, step: int, timeout: float = 600.0) -> "Session":
         def reached(s: "Session") -> bool:
-            if s.state in (c.FAILED, c.LOST, c.STOPPED, c.FINISHED):
-                raise RuntimeError(f"session {s.id} is {s.state} before step {step}")
+            state = s.state
+            if state in c.ENDED_STATES:
+                failure = s.failure
+                raise RuntimeError(f"session {s.id} is {state} before step {step}" + (f": {failure}" if failure else ""))
             last = s.last_step()
             return last is not None and last >= step
 
@@ -662,13 +711,49 @@ def _warm_plan_checks() -> None:
     threading.Thread(target=verl_config.warm, name="warm-plan-checks", daemon=True).start()
 
 
-def _effective_state(meta: dict[str, Any]) -> str:
-    """The recorded state, or "lost" when it says active but its supervisor process is gone."""
+def _effective_state(meta: dict[str, Any], directory: Path) -> str:
+    """The recorded state; "failed" when the supervisor left a failure note (its store could not take the state);
+    "lost" when it says active but its supervisor process is gone."""
     state = meta.get("state", c.STARTING)
+    if state in c.ACTIVE_STATES and c.read_failure_note(directory):
+        return c.FAILED
     pid = meta.get("supervisor_pid")
     if state in c.ACTIVE_STATES and pid is not None and not process_alive(int(pid)):
         return c.LOST
     return state
+
+
+def _gone(meta: dict[str, Any], directory: Path) -> str:
+    """Why a supervisor that left no word is gone, as far as its log tells."""
+    try:
+        last = (directory / c.LOG_DIR / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:]
+    except OSError:
+        last = []
+    return (f"the supervisor (pid {meta.get('supervisor_pid')}) is gone without a word (killed?)"
+            + (f"; its log ends: {last[0].strip()}" if last else ""))
+
+
+def end_process_session(sid: int, grace_s: float = 5.0) -> None:
+    """End every process of a process session (a live run and what it started: Ray's head, workers, vLLM), the
+    way the supervisor would have: SIGTERM, then SIGKILL what is left."""
+    procs = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and os.getsid(proc.pid) == sid:
+                procs.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def process_alive(pid: int) -> bool:

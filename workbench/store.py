@@ -140,6 +140,9 @@ class Store:
             self._db = _connect_readonly(path)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            # The owner's alone (SQLite gives its -wal and -shm files the same mode): a store holds what a run did.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -17,9 +17,11 @@ background when it started).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
+import traceback
 import subprocess
 import sys
 import threading
@@ -150,7 +152,8 @@ class Supervisor:
     def __init__(self, session_dir: Path, run_factory=None):
         self.dir = session_dir
         self.store = Store(session_dir)
-        self.signatures = c.SignatureCheck((session_dir / c.TOKEN_FILE).read_text().strip())
+        self.token = (session_dir / c.TOKEN_FILE).read_text().strip()
+        self.signatures = c.SignatureCheck(self.token)
         self.run_factory = run_factory or self._live_run
         self.run: Run | None = None
         self.segment_id: int | None = None
@@ -190,7 +193,8 @@ class Supervisor:
         self.run = self.run_factory(self.segment_id, plan, env or {})
         self._ensure_sampler(plan)
         if isinstance(self.run, LiveRun):
-            self.store.set_meta(**machine_meta(plan))
+            # run_pid is also the run's process session id: what a watchdog kills when this supervisor is gone.
+            self.store.set_meta(run_pid=self.run.proc.pid, **machine_meta(plan))
 
     def _ensure_sampler(self, plan: Plan) -> None:
         if not isinstance(self.run, LiveRun) or os.environ.get("WORKBENCH_NO_SAMPLER") == "1":
@@ -239,6 +243,10 @@ class Supervisor:
                     self.store.finish_command(cmd["id"], c.FAILED_COMMAND, str(e))
                 self.store.add_event(c.EV_REFUSED, f"{kind}: {e}", {"command": cmd["id"], "problems": problems})
 
+    def directive(self, kind: str, payload: dict[str, Any]) -> int:
+        """Queue a runner directive, signed: the runner executes only what this supervisor signed (boundary.py)."""
+        return self.store.put_command(kind, c.signed(self.token, kind, payload))
+
     def _require_run(self, what: str) -> Run:
         if self.run is None or self.run.poll() is not None:
             raise RuntimeError(f"can't {what}: no run is in progress (state {self.state()})")
@@ -264,11 +272,11 @@ class Supervisor:
         mode = current.apply_class(new)
         answer = {"mode": mode, "changes": changes}
         if mode == "hot":
-            self.store.put_command(c.RUNNER_HOT_APPLY, {"changes": changes, "plan_json": new.to_json(), "command": command_id})
+            self.directive(c.RUNNER_HOT_APPLY, {"changes": changes, "plan_json": new.to_json(), "command": command_id})
             self.store.finish_command(command_id, c.ACCEPTED, answer, final=False)
             return
         self.pending_plan, self.pending_command = new, command_id
-        self.store.put_command(c.RUNNER_CHECKPOINT_EXIT, {})
+        self.directive(c.RUNNER_CHECKPOINT_EXIT, {})
         self.set_state(c.RESTARTING)
         self.store.finish_command(command_id, c.RESTARTING, answer, final=False)
         self.store.add_event(
@@ -303,12 +311,12 @@ class Supervisor:
 
     def cmd_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         self._require_run("pause")
-        self.store.put_command(c.RUNNER_PAUSE, {})
+        self.directive(c.RUNNER_PAUSE, {})
         return {"at": "next step boundary"}
 
     def cmd_resume(self, payload: dict[str, Any]) -> dict[str, Any]:
         self._require_run("resume")
-        self.store.put_command(c.RUNNER_RESUME, {})
+        self.directive(c.RUNNER_RESUME, {})
         return {"at": "now"}
 
     def cmd_stop(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -320,7 +328,7 @@ class Supervisor:
             self._end_run(c.STOPPED, "stopped at once by the operator")
             return {"stopped": "at once"}
         self._abandon_changes("the session is stopping: the run exits at the next step boundary")
-        self.store.put_command(c.RUNNER_STOP, {"checkpoint": bool(payload.get("checkpoint"))})
+        self.directive(c.RUNNER_STOP, {"checkpoint": bool(payload.get("checkpoint"))})
         self.stopping_since = time.time()
         self.set_state(c.STOPPING)
         return {"stopped": "at the next step boundary"}
@@ -388,9 +396,13 @@ class Supervisor:
             self.store.add_event(
                 c.EV_CRASH,
                 ("verl ran out of GPU memory" if oom else f"verl exited with code {rc}")
-                + ": roll back to the last good plan with session.rollback()",
+                + (": roll back to the last good plan with session.rollback()" if not self.stopping_since else ""),
                 {"segment": self.segment_id, "exit_code": rc, "oom": oom, "traceback_tail": tail},
             )
+            if self.stopping_since:  # the operator asked for a stop: it is stopped, not waiting for a rollback
+                self.stopping_since = None
+                self.set_state(c.STOPPED)
+                self.store.add_event(c.EV_STOPPED, "stopped by the operator (its last step crashed: see the crash)")
             return
         self.run.kill()
         self.run = None
@@ -414,7 +426,7 @@ class Supervisor:
         self.set_state(state)
         self.store.add_event(state, "verl run ended" if state == c.FINISHED else "stopped by the operator")
 
-    def loop(self) -> None:
+    def loop(self) -> int:
         self.store.set_meta(supervisor_pid=os.getpid())
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         try:
@@ -428,8 +440,25 @@ class Supervisor:
                 time.sleep(POLL_S)
         except KeyboardInterrupt:
             self._end_run(c.STOPPED, "supervisor terminated")
+        except Exception as error:  # e.g. the store can't be written (disk full): said, and nothing left running
+            traceback.print_exc()
+            self.fail(f"the supervisor could not go on: {_words(error)}")
+            return 1
         finally:
             self._stop_sampler()
+        return 0
+
+    def fail(self, reason: str) -> None:
+        """End what runs and say why the supervisor stops (in the store if it takes it, else the failure note)."""
+        for step in (lambda: self.run is not None and self.run.kill(), self._stop_sampler,
+                     lambda: self._abandon_changes(f"the supervisor failed: {reason}"),
+                     lambda: self.segment_id is not None and self.store.end_segment(self.segment_id, "failed", reason)):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 — the store may be what fails; the rest must still happen
+                pass
+        self.run = None
+        record_failure(self.dir, reason)
 
 
 def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint_step: int | None) -> tuple[dict[str, str], list[str]]:
@@ -492,8 +521,74 @@ def actor_world_size(plan: Plan) -> int:
     return len(wb["gpus"]) - wb["critic_gpus"] - wb["reward_gpus"] - wb["rollout_gpus"]
 
 
+class StartupError(RuntimeError):
+    """What keeps a supervisor from starting its session, in words for the session's failure."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # recorded as the session's failure instead of usage text only a log would show
+        raise StartupError(f"bad supervisor arguments: {message}")
+
+
+def _words(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _session_arg(argv: list[str] | None) -> Path | None:
+    """--session, read without the parser (the other arguments may be what is wrong)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for index, arg in enumerate(argv):
+        if arg == "--session" and index + 1 < len(argv):
+            return Path(argv[index + 1])
+        if arg.startswith("--session="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def record_failure(session_dir: Path, reason: str) -> None:
+    """Say why the supervisor can't go on: state failed and an event in the store or, where the store can't take
+    them (unwritable, disk full), the failure note the session handle reads; and in the supervisor's log."""
+    print(f"supervisor failed: {reason}", file=sys.stderr, flush=True)
+    try:
+        store = Store(session_dir, create=False)
+        try:
+            store.set_meta(state=c.FAILED, failure=reason)
+            store.add_event(c.EV_FAILED, reason, {"supervisor_pid": os.getpid()})
+        finally:
+            store.close()
+        return
+    except Exception:  # noqa: BLE001 — whatever the store says, the note carries the reason
+        pass
+    try:
+        c.write_failure_note(session_dir, reason)
+    except OSError as error:
+        print(f"supervisor: no failure note either: {error}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.supervisor")
+    # What this supervisor and its runs write (store, logs, checkpoints) is the owner's alone.
+    os.umask(0o077)
+    # Past a file size limit a write fails (EFBIG) and is said, instead of SIGXFSZ killing the supervisor unheard.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    session_dir = _session_arg(argv)
+    if session_dir is not None:
+        try:
+            c.reserve_failure_note(session_dir)
+        except OSError:
+            pass  # an unwritable session directory: the store (if it can be written) or the log says why
+    try:
+        supervisor = _start(argv)
+    except Exception as error:  # anything that stops it before its loop: said, not left "starting" for ever
+        traceback.print_exc()
+        if session_dir is None:
+            raise
+        record_failure(session_dir, _words(error))
+        return 1
+    return supervisor.loop()
+
+
+def _start(argv: list[str] | None) -> Supervisor:
+    parser = _Parser(prog="python -m workbench.supervisor")
     parser.add_argument("--session", type=Path, required=True)
     parser.add_argument("--replay", type=Path, help="play this recorded session instead of running verl")
     parser.add_argument("--speed", type=float, default=1.0, help="replay speed (2 = twice real time)")
@@ -511,11 +606,18 @@ def main(argv: list[str] | None = None) -> int:
             args.session, args.replay, speed=args.speed, crash_at_step=args.crash_at_step, follow=not args.no_follow,
         )
     supervisor = Supervisor(args.session, run_factory=run_factory)
+    supervisor.store.set_meta(supervisor_pid=os.getpid())
     prometheus_port = supervisor.store.meta().get("prometheus_port")
     if prometheus_port is not None:
         from .telemetry.prometheus import serve
 
-        _, port = serve(supervisor.store, port=int(prometheus_port))
+        try:
+            _, port = serve(supervisor.store, port=int(prometheus_port))
+        except OSError as error:
+            in_use = error.errno == errno.EADDRINUSE
+            raise StartupError(f"Prometheus port {prometheus_port} is " + ("in use by another program" if in_use else
+                               f"unusable: {error.strerror}") + ": start the session with another prometheus_port "
+                               "(0 picks a free one)") from error
         url = f"http://127.0.0.1:{port}/metrics"
         supervisor.store.set_meta(prometheus_url=url)
         supervisor.store.add_event("prometheus", f"metrics for Prometheus at {url}", {"url": url})
@@ -525,8 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.warm.join()
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
-    supervisor.loop()
-    return 0
+    return supervisor
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -88,6 +89,7 @@ class WorkbenchTrainerMixin:
         self._wb_boundary = StepBoundary(
             self._wb_store, int(os.environ[SEGMENT_ENV]), hot_apply=self._wb_hot_apply,
             checkpoint=self._wb_checkpoint, end_run=self._wb_end_run,
+            token=(Path(os.environ[SESSION_ENV]) / c.TOKEN_FILE).read_text().strip(),
         )
         self._wb_record_workers()
         self._wb_store.add_event(
