@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.gsm8k_rule import gsm8k_strict_score
 from workbench.assets import generate_assets
 from workbench.assets.generate import INSTRUCTION
-from workbench.cli_data import add_data_commands
+from workbench.cli.data import add_data_commands
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_plan_commands_come_from_the_command_modules():
-    assert "workbench.cli_plan" in COMMAND_MODULES
+    assert "workbench.cli.plan" in COMMAND_MODULES
     assert build_parser().parse_args(["plan", "show"]).func is not None
 
 

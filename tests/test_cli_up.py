@@ -10,7 +10,7 @@ import psutil
 
 from tests.browser.conftest import Up
 from workbench.cli import main
-from workbench.cli_up import follow, live_possible
+from workbench.cli.up import follow, live_possible
 from workbench.session import Session
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.gsm8k_rule import gsm8k_strict_score
 from workbench.assets.convert import ERRORS_SHOWN, ConvertError, convert_jsonl, extract_ground_truth
-from workbench.cli_data import add_data_commands
+from workbench.cli.data import add_data_commands
 
 DATA = Path(__file__).parent / "data"
 VERL_COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from tests.telemetry_traces import QUICKSTART, RUN, STARTUP, STEADY, TUNED, stretch
-from workbench.cli_telemetry import add_telemetry_commands, step_start_time
+from workbench.cli.telemetry import add_telemetry_commands, step_start_time
 from workbench.store import Store
 from workbench.telemetry.balance import THRESHOLDS, balance_frame, balance_verdicts
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.telemetry_traces import QUICKSTART, RUN, TUNED
-from workbench.cli_telemetry import CsvSink
+from workbench.cli.telemetry import CsvSink
 from workbench.store import SAMPLE_COLUMNS, Store
 from workbench.telemetry.nvml import (
     METRICS,

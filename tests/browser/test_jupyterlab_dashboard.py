@@ -14,7 +14,7 @@ import pytest
 from tests.browser.conftest import (
     BUDGETS, PAGE_TIMEOUT_MS, chart_points, screenshot, set_slider, store_commands, wait_until,
 )
-from workbench.cli_serve import free_port
+from workbench.cli.serve import free_port
 
 pytestmark = pytest.mark.browser
 NOTEBOOK = "dashboard_in_lab.ipynb"

@@ -39,7 +39,7 @@ def notebooks_dir() -> Path:
     """The tutorials and the dashboard: the source checkout's notebooks/ (an editable install, a clone), else the
     copy installed with the package (pyproject's data-files: <prefix>/share/verl-workbench/notebooks)."""
     candidates = [
-        Path(__file__).resolve().parents[1] / "notebooks",
+        Path(__file__).resolve().parents[2] / "notebooks",
         Path(sysconfig.get_path("data")) / "share" / "verl-workbench" / "notebooks",
         Path(sys.prefix) / "share" / "verl-workbench" / "notebooks",
     ]

@@ -11,11 +11,11 @@ from typing import IO, Any
 
 import pandas as pd
 
-from .paths import resolve_session_dir
-from .store import SAMPLE_COLUMNS, Store
-from .telemetry.balance import balance_frame, balance_verdicts
-from .telemetry.nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
-from .telemetry.sampling import EXIT_NO_NVML, Sampler
+from ..session import Session
+from ..store import SAMPLE_COLUMNS
+from ..telemetry.balance import balance_frame, balance_verdicts
+from ..telemetry.nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
+from ..telemetry.sampling import EXIT_NO_NVML, Sampler
 
 
 def add_telemetry_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -53,20 +53,21 @@ def _formatted(frame: pd.DataFrame) -> str:
 
 def balance_command(args: argparse.Namespace) -> int:
     try:
-        store = Store(resolve_session_dir(args.session), readonly=True)
+        session = Session.attach(args.session, read_only=True)
     except FileNotFoundError as e:
         print(f"balance: {e}", file=sys.stderr)
         return 2
     t0 = None
     if args.since_step is not None:
         try:
-            t0 = step_start_time(store.frame("steps"), args.since_step)
+            t0 = step_start_time(session.steps(), args.since_step)
         except LookupError as e:
             print(f"balance: {e}", file=sys.stderr)
             return 2
-    frame = balance_frame(store.frame("samples"), t0=t0)
+    frame = balance_frame(session.samples(), t0=t0)
     if frame.empty:
-        print(f"balance: no GPU samples in {store.path}{' since that step' if t0 is not None else ''}", file=sys.stderr)
+        print(f"balance: no GPU samples in session {session.dir}{' since that step' if t0 is not None else ''}",
+              file=sys.stderr)
         return 1
     print(_formatted(frame))
     verdicts = balance_verdicts(frame)

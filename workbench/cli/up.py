@@ -2,7 +2,7 @@
 H200 session in replay.
 
 With an NVIDIA GPU and vLLM installed it generates the offline assets (once) and starts a real verl PPO run on them;
-otherwise it replays a recording (the page says so). It serves the Voila dashboard (cli_serve.py), prints an
+otherwise it replays a recording (the page says so). It serves the Voila dashboard (cli/serve.py), prints an
 operator URL (with the operator token) and a viewer URL, and prints each step and event as they land. Ctrl-C or
 SIGTERM stops the server, its page kernels and the session it started (an attached session goes on).
 """
@@ -17,9 +17,9 @@ import webbrowser
 
 import psutil
 
-from .cli_serve import DEFAULT_PORT, DashboardServer, check_port, page_url, raise_on_sigterm
-from .control import ENDED_STATES, TOKEN_FILE
-from .paths import home
+from .serve import DEFAULT_PORT, DashboardServer, check_port, page_url, raise_on_sigterm
+from ..control import ENDED_STATES, TOKEN_FILE
+from ..paths import home
 
 FOLLOW_POLL_S = 0.5
 DEFAULT_RECORDING = "h200-proof"
@@ -43,7 +43,7 @@ def add_up_commands(subparsers) -> None:
 
 
 def live_possible() -> tuple[bool, str]:
-    from .session import gpu_count
+    from ..session import gpu_count
 
     if not gpu_count():
         return False, "no NVIDIA GPU here"
@@ -53,14 +53,14 @@ def live_possible() -> tuple[bool, str]:
 
 
 def start_session(args):
-    from .session import Session
+    from ..session import Session
 
     if args.attach:
         return Session.attach(args.attach)
     live, why = (False, "asked for a replay") if args.replay else live_possible()
     if live:
-        from .assets import generate_assets
-        from .assets.plans import offline_plan
+        from ..assets import generate_assets
+        from ..assets.plans import offline_plan
 
         assets = home() / "assets" / "qwen2.5-0.5b"
         print(f"generating offline assets in {assets} (once) ...", flush=True)
