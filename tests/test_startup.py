@@ -109,11 +109,11 @@ def test_session_ray_cluster_applies_to_single_node_plans_only(monkeypatch):
     two_nodes = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=2)), workbench={"gpus": [0]})
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv(ray_cluster.ENABLE_ENV, raising=False)
-    assert ray_cluster.enabled(one_node) and not ray_cluster.enabled(two_nodes)
-    monkeypatch.setenv(ray_cluster.ENABLE_ENV, "0")
-    assert not ray_cluster.enabled(one_node)
+    assert not ray_cluster.enabled(one_node)  # off unless asked for
     assert ray_cluster.SessionRayCluster("/tmp/x").env_for(one_node) == {}
-    monkeypatch.delenv(ray_cluster.ENABLE_ENV)
+    assert ray_cluster.SessionRayCluster("/tmp/x").end_run_processes() == []  # no cluster: nothing to do
+    monkeypatch.setenv(ray_cluster.ENABLE_ENV, "1")
+    assert ray_cluster.enabled(one_node) and not ray_cluster.enabled(two_nodes)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # the user's own cluster: theirs to manage
     assert not ray_cluster.enabled(one_node)
 
@@ -131,7 +131,7 @@ def test_session_ray_cluster_outlives_a_run_and_ends_what_the_run_left(tmp_path,
     from workbench.ray_cluster import SessionRayCluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("WORKBENCH_RAY_CLUSTER", raising=False)
+    monkeypatch.setenv("WORKBENCH_RAY_CLUSTER", "1")
     plan = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
     cluster = SessionRayCluster(tmp_path)
     try:

@@ -1,4 +1,4 @@
-"""One Ray cluster per session, kept across its segments (on unless WORKBENCH_RAY_CLUSTER=0; single-node plans).
+"""One Ray cluster per session, kept across its segments (WORKBENCH_RAY_CLUSTER=1 turns it on; single-node plans).
 
 Every segment of a session is its own verl process (verl's `run_ppo` never shuts Ray down; ending the process tree
 is what frees the GPUs), and `ray.init()` in each one starts a fresh local Ray head: GCS, raylet, dashboard, log
@@ -10,18 +10,23 @@ die with their driver, but every worker process of the cluster (`ray::…`) and 
 core) is ended here, and so is any process of the cluster still holding a GPU; the head itself (no GPU memory)
 stays. A different GPU set, a multi-node plan or an outside `RAY_ADDRESS` gets no session cluster.
 
+Off by default: the head outlives the supervisor if that one is killed with SIGKILL (Ray's daemons detach; the
+runner's die-with-supervisor guard does not reach them), and it saves seconds, not minutes — measure it
+(bench/gpu/campaign.sh with WORKBENCH_RAY_CLUSTER=1) before turning it on for everyone.
+
 The supervisor's hook (workbench/supervisor.py):
 
-    self.ray = SessionRayCluster(session_dir)                          # Supervisor.__init__
-    env = {**env, **self.ray.env_for(plan)}                            # Supervisor.launch, for a live run
-    self.ray.end_run_processes()                                       # after a live run was killed / ended
-    self.ray.stop()                                                    # when the supervisor ends
+    self.ray = SessionRayCluster(session_dir)             # Supervisor.__init__
+    LiveRun(..., ray=self.ray)                            # Supervisor._live_run; LiveRun adds env_for(plan) to the
+                                                          # run's environment and calls end_run_processes() in kill()
+    self.ray.stop()                                       # Supervisor.loop's finally
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,7 +43,7 @@ START_TIMEOUT_S = 180.0
 
 def enabled(plan: Any = None) -> bool:
     """Whether a session cluster applies: not switched off, no outside cluster, one node."""
-    if os.environ.get(ENABLE_ENV, "1") == "0" or os.environ.get("RAY_ADDRESS"):
+    if os.environ.get(ENABLE_ENV, "0") != "1" or os.environ.get("RAY_ADDRESS"):
         return False
     nnodes = getattr(getattr(getattr(plan, "config", None), "trainer", None), "nnodes", 1) if plan is not None else 1
     return int(nnodes or 1) == 1
@@ -73,38 +78,46 @@ class SessionRayCluster:
             self.start(gpus)
         return {"RAY_ADDRESS": self.address}
 
-    def start(self, gpus: list[int]) -> str:
-        port = _free_port()
+    def start(self, gpus: list[int], attempts: int = 2) -> str:
+        """`ray start --head` with these GPUs. Ray gives its raylet a fixed 30 s to register, which a loaded host
+        can miss: one more attempt then."""
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            proc = subprocess.run(
-                [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                 f"--num-gpus={len(gpus)}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-                 "--disable-usage-stats"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=START_TIMEOUT_S,
-                start_new_session=True,
-            )
-        if proc.returncode != 0:
-            self._end(self.processes())
-            raise RuntimeError(f"ray start --head failed (exit {proc.returncode}): see {self.log_path}")
-        self.address, self.gpus = f"127.0.0.1:{port}", list(gpus)
-        return self.address
+        for attempt in range(1, attempts + 1):
+            port = _free_port()
+            with open(self.log_path, "ab") as log:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                     f"--num-gpus={len(gpus)}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+                     "--disable-usage-stats"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=START_TIMEOUT_S,
+                    start_new_session=True,
+                )
+            if proc.returncode == 0:
+                self.address, self.gpus = f"127.0.0.1:{port}", list(gpus)
+                return self.address
+            self._end(self.processes())  # what the failed attempt left
+        raise RuntimeError(f"ray start --head failed {attempts} times (exit {proc.returncode}): see {self.log_path}")
 
     def alive(self) -> bool:
         return any("gcs_server" in " ".join(p.info["cmdline"] or []) for p in self._ours_iter())
 
     def stop(self) -> None:
-        """End every process of the cluster (head included)."""
+        """End every process of the cluster (head included) and remove its temp dir."""
+        if self.address is None:
+            return
         self._end(self.processes())
         self.address = self.gpus = None
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     # ----------------------------------------------------------------- after a run
     def end_run_processes(self, grace_s: float = 15.0) -> list[int]:
         """End what a finished run left in the cluster: its worker processes (`ray::…`) with everything under them
         (after `grace_s` for Ray to end them itself), and any process of the cluster that still holds a GPU.
         Returns the pids that had to be ended."""
+        if self.address is None:
+            return []
         deadline = time.time() + grace_s
         while True:
             left = self.run_processes() | self.gpu_processes()

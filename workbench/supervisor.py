@@ -37,6 +37,7 @@ from . import verl_config
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .runner.runtime import (ACTOR_HF_ENV, CRITIC_GPUS_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV,
                              SUPERVISOR_PID_ENV)
+from .ray_cluster import SessionRayCluster
 from .store import Store
 
 POLL_S = 0.1  # a command waits at most this long to be taken: a hot change must reach the next step boundary
@@ -129,10 +130,12 @@ def write_segment_config(session_dir: Path, segment_id: int, plan: Plan) -> dict
 class LiveRun(Run):
     """`python -m workbench.runner.launch` in its own process group, with the GPUs of the plan."""
 
-    def __init__(self, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str]):
+    def __init__(self, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str],
+                 ray: SessionRayCluster | None = None):
         self.log_path = session_dir / c.LOG_DIR / f"segment-{segment_id}.log"
         self.log_path.parent.mkdir(exist_ok=True)
-        env = {**os.environ, **env, **write_segment_config(session_dir, segment_id, plan),
+        self.ray = ray  # the session's Ray cluster, if it keeps one (workbench/ray_cluster.py)
+        env = {**os.environ, **env, **(ray.env_for(plan) if ray else {}), **write_segment_config(session_dir, segment_id, plan),
                SUPERVISOR_PID_ENV: str(os.getpid())}  # the run dies with this supervisor (runtime.die_with_supervisor)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -146,6 +149,8 @@ class LiveRun(Run):
     def kill(self) -> None:
         kill_tree(self.proc.pid)
         self.proc.wait()
+        if self.ray is not None:
+            self.ray.end_run_processes()  # its Ray workers are the cluster's children, not this run's
 
 
 class Supervisor:
@@ -162,6 +167,7 @@ class Supervisor:
         self.resuming: tuple[int, int, int] | None = None  # (apply command, its new segment, last event id before it)
         self.stopping_since: float | None = None
         self.sampler: subprocess.Popen | None = None
+        self.ray = SessionRayCluster(session_dir)
         # verl's first import costs seconds: pay it now, beside the run's start, not when the first change comes.
         self.warm = threading.Thread(target=verl_config.warm, name="warm-verl", daemon=True)
         self.warm.start()
@@ -177,7 +183,7 @@ class Supervisor:
         return Plan.from_json(self.store.last_segment()["plan_json"])
 
     def _live_run(self, segment_id: int, plan: Plan, env: dict[str, str]) -> Run:
-        return LiveRun(self.dir, segment_id, plan, env)
+        return LiveRun(self.dir, segment_id, plan, env, ray=self.ray)
 
     # ----------------------------------------------------------------- segments
     def launch(self, plan: Plan, reason: str, env: dict[str, str] | None = None) -> None:
@@ -446,6 +452,7 @@ class Supervisor:
             return 1
         finally:
             self._stop_sampler()
+            self.ray.stop()
         return 0
 
     def fail(self, reason: str) -> None:
@@ -552,7 +559,7 @@ def record_failure(session_dir: Path, reason: str) -> None:
     try:
         store = Store(session_dir, create=False)
         try:
-            store.set_meta(state=c.FAILED, failure=reason)
+            store.set_meta(state=c.FAILED, failure=reason, supervisor_pid=os.getpid())
             store.add_event(c.EV_FAILED, reason, {"supervisor_pid": os.getpid()})
         finally:
             store.close()

@@ -5,8 +5,8 @@
 #   bash bench/gpu/campaign.sh watch [WATCH_S]   follow it until DONE or WATCH_S s, then copy what exists to $OUT
 #   bash bench/gpu/campaign.sh stop              end it (supervisor, verl, Ray) and copy what exists to $OUT
 # env: CAMPAIGN_BUDGET_S (1260: the whole campaign; later parts shrink or skip), PLAIN_STEPS (8), STEPS_AFTER (4),
-#      WORKBENCH_COMPILE_CACHE (1), WORKBENCH_RAY_CLUSTER (1: one Ray cluster per session, when the supervisor has
-#      the hook; see workbench/ray_cluster.py).
+#      WORKBENCH_COMPILE_CACHE (1), WORKBENCH_RAY_CLUSTER (0; 1: one Ray cluster per session kept across segments,
+#      workbench/ray_cluster.py).
 # $OUT gets at most 5 files: progress.log, results.tar.gz (bench JSON + per-step CSV + advice + overrides),
 # recording.tar.gz (the session directory without checkpoints/caches, once packed; else a consistent copy of its
 # store), logs.tar.gz (tails of the segment logs and of plain verl's log), status.txt (GPU, processes).
@@ -64,7 +64,7 @@ source /root/gpu-env.sh
 # The product copes without flash-attn on its own: the staging's sitecustomize fallback stays off its PYTHONPATH
 # (campaign.py puts it back for the plain-verl run only).
 export PYTHONPATH=/root/site:$C/code VERL_WORKBENCH_HOME=/root/wb WORKBENCH_SAMPLER_HZ=10
-export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-1}
+export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-0}
 export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1260} PLAIN_STEPS=${PLAIN_STEPS:-8}
 cd $C/code && exec python3 bench/gpu/campaign.py $C --steps-after ${STEPS_AFTER:-4}
 GO
