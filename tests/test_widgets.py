@@ -212,6 +212,9 @@ def test_the_page_passes_session_and_token_in_its_query(recording, home):
         assert not viewer.session.is_operator
         operator = Dashboard.from_page(f"session={session.id}&token={token}", live=False)
         assert operator.session.is_operator and operator.session.id == session.id
+        wrong = Dashboard.from_page(f"session={session.id}&token=not-the-token", live=False)
+        assert not wrong.session.is_operator and wrong.changes.apply_button.disabled
+        assert "not this session's operator token" in html.unescape(wrong.unlock_message.value)
     finally:
         stop(session)
 

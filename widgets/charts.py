@@ -7,6 +7,7 @@ floats on an axis declared as a date axis at creation; whole arrays re-sent (a p
 
 from __future__ import annotations
 
+import copy
 import html
 
 import numpy as np
@@ -44,7 +45,16 @@ def time_figure(title: str, y_title: str, height: int = 320) -> go.FigureWidget:
     fig.add_scatter(x=np.empty(0), y=np.empty(0), yaxis="y2", mode="markers", name="events",
                     marker=dict(symbol="triangle-down", size=10, color="#b26a00"), hoverinfo="text",
                     text=[], showlegend=False)
+    sync_page_state(fig)
     return fig
+
+
+def sync_page_state(fig: go.FigureWidget) -> None:
+    """Make traces and layout set after the figure was built part of the state a page draws it from. plotly sends
+    them as messages only, and a page that renders the figure later (Voila renders after the cell ran) draws the
+    state it was built with: without this it has no trace for any later update to land on."""
+    fig._widget_data = copy.deepcopy(fig._data)
+    fig._widget_layout = copy.deepcopy(fig._layout)
 
 
 def event_marks(events, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -68,6 +68,7 @@ class StepBreakdownPanel:
             self.fig.add_bar(x=[], y=np.empty(0), name=phase, marker_color=color)
         self.fig.add_scatter(x=[], y=np.empty(0), name="GPU busy %", yaxis="y2", mode="lines+markers",
                              line=dict(color="black", width=1.5), marker=dict(size=4))
+        sync_page_state(self.fig)
         self.widget = W.VBox([heading("Step breakdown"), self.fig], _dom_classes=["wb-steps"])
 
     def prepare(self, feed, news):

@@ -7,7 +7,7 @@ import ipywidgets as W
 import numpy as np
 import pandas as pd
 
-from .charts import downsample, event_marks, segment_lines, time_figure
+from .charts import downsample, event_marks, segment_lines, sync_page_state, time_figure
 from .common import assign, heading, table
 
 SERIES = (  # step metric -> (legend name, axis, scale)
@@ -38,6 +38,7 @@ class ThroughputPanel:
         for _, name, axis, _ in SERIES:
             self.fig.add_scatter(x=np.empty(0), y=np.empty(0), name=name, yaxis=axis, mode="lines+markers",
                                  marker=dict(size=4), line=dict(dash="dot" if axis == "y3" else "solid"))
+        sync_page_state(self.fig)
         self.segments = W.HTML(_dom_classes=["wb-segments-table"])
         self.widget = W.VBox([heading("Throughput"), self.fig, heading("Segments"), self.segments],
                              _dom_classes=["wb-throughput"])

@@ -12,7 +12,7 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from .charts import downsample, event_marks, segment_lines, time_figure
+from .charts import downsample, event_marks, segment_lines, sync_page_state, time_figure
 from .common import heading
 
 # metric column -> (label, unit, scale from the stored unit)
@@ -82,6 +82,8 @@ class UtilizationPanel:
         for name in new:  # a GPU seen for the first time gets its line (rare: at start-up)
             fig.add_scatter(x=np.empty(0), y=np.empty(0), mode="lines", name=name, line=dict(width=1.5))
             self.gpu_traces[name] = len(fig.data) - 1
+        if new:
+            sync_page_state(fig)
         with fig.batch_update():
             for name, index in self.gpu_traces.items():
                 x, y = lines.get(name, (np.empty(0), np.empty(0)))
