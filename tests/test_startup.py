@@ -160,3 +160,30 @@ def test_session_ray_cluster_outlives_a_run_and_ends_what_the_run_left(tmp_path,
     finally:
         cluster.stop()
     assert not cluster.processes()
+
+
+def test_session_startup_phases_reads_the_launched_segments_log(tmp_path, monkeypatch):
+    """A copy of the real recording h200-proof with segment 3's real log beside it, as its session directory had."""
+    import shutil
+    import time
+
+    from workbench.session import Session
+
+    monkeypatch.setenv("TZ", "UTC")  # the H200 logged in UTC; a session reads its logs in its machine's time zone
+    time.tzset()
+    try:
+        session_dir = tmp_path / "h200-proof"
+        shutil.copytree(Path(__file__).parents[1] / "workbench" / "assets" / "recordings" / "h200-proof", session_dir)
+        (session_dir / "logs").mkdir(exist_ok=True)
+        (session_dir / "logs" / "segment-3.log").write_text(log("h200_proof_segment3_resumed.log.gz"))
+        s = Session.attach(session_dir, read_only=True)
+        phases = s.startup_phases()  # newest launched segment with a log: 3 (4 and 5 have none here)
+        assert phases.iloc[-1]["source"] == "store"
+        assert phases.iloc[-1]["phase"].startswith("first step: generation + training (step 14")
+        assert summary(phases)["total_s"] == pytest.approx(178.65, abs=0.1)
+        pd.testing.assert_frame_equal(s.startup_phases(segment=3), phases)
+        with pytest.raises(FileNotFoundError, match="no segment log up to segment 2"):
+            s.startup_phases(segment=2)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -671,6 +671,26 @@ class Session:
         """advice_findings as a table: one row per finding, most severe first."""
         return findings_frame(self.advice_findings(segment_id))
 
+    def startup_phases(self, segment: int | None = None) -> pd.DataFrame:
+        """Where a launch's start-up went: Ray, TaskRunner/dataloader, workers, vLLM (server, engine, compile, KV
+        cache, CUDA graphs), first step — read from the segment's log by its own timestamps (workbench/startup.py),
+        from the segment's launch to its first step's row. Default: the newest launched segment; a hot-applied
+        segment ran in the process its predecessor launched, so that launch is the one shown."""
+        from .startup import parse_startup, read_log
+
+        rows = {r["id"]: r for r in self._store.rows("segments")}
+        ids = sorted(i for i in rows if (segment is None or i <= segment))
+        logs = [i for i in ids if (self.dir / c.LOG_DIR / f"segment-{i}.log").exists()]
+        if not logs:
+            raise FileNotFoundError(f"session {self.id}: no segment log{'' if segment is None else f' up to segment {segment}'} "
+                                    f"in {self.dir / c.LOG_DIR} (recordings carry no logs)")
+        launched = logs[-1]
+        steps = self.steps()
+        first = steps.loc[steps["segment_id"] == launched, "t"] if len(steps) else steps
+        return parse_startup(read_log(self.dir / c.LOG_DIR / f"segment-{launched}.log"),
+                             launched_at=rows[launched]["started_at"],
+                             first_step_end=float(first.min()) if len(first) else None)
+
 
 _NOT_A_ROLE = {"driver", "other", "agent_loop"}
 
