@@ -237,3 +237,24 @@ def test_the_live_task_updates_the_charts_without_a_cell_run(recording, home):
         assert later > first
     finally:
         stop(session)
+
+
+def test_start_follows_a_new_session_like_the_ended_one(recording, home):
+    session = Session.replay(recording, speed=200, follow=False)
+    started = None
+    try:
+        wait(lambda: session.state == "finished")
+        d = Dashboard(session, live=False)
+        d.refresh()
+        start = d.bar.buttons["start"]
+        assert not start.disabled and d.bar.buttons["pause"].disabled
+        start.click()
+        wait(lambda: "start: done" in d.ctx.notice)
+        started = d.session
+        assert started.id != session.id and started.meta["recording"] == session.meta["recording"]
+        d.refresh()
+        assert started.id in d.bar.status.value and f"?session={started.id}" in d.ctx.notice
+    finally:
+        stop(session)
+        if started is not None:
+            stop(started)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from workbench import PlanError
 
-from .common import READ_ONLY_REASON, Context, assign, esc, heading, table
+from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, table
 from .knob_editor import KnobEditor, as_text, plain
 
 FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
@@ -37,6 +37,7 @@ RESTART_STAGES = (
 )
 HOT_STAGES = (("accepted", "accepted by the supervisor"), ("applied", "in force from the next step"))
 FAILED_STATES = ("refused", "not_applied")
+STARTUP_PHASES_EVERY_S = 2.0
 
 
 @dataclass
@@ -79,6 +80,7 @@ class ChangesPanel:
         self.preview = None
         self.parse_errors: dict[str, str] = {}
         self.tracked: Tracked | None = None
+        self._phases_read_at, self._phases_markup = -STARTUP_PHASES_EVERY_S, ""
         self._operator_shown: bool | None = None  # editors' enabled state follows this (a token may unlock them)
         self.edit_irrelevant = W.Checkbox(value=False, indent=False, _dom_classes=["wb-edit-irrelevant"],
                                           description="also edit knobs the plan in force doesn't use")
@@ -253,6 +255,10 @@ class ChangesPanel:
             if state == "resumed":
                 done |= {name for name, _ in RESTART_STAGES}
             stages = _stage_list(RESTART_STAGES, done, failed)
+            if "launched" in done and "started" not in done and not failed:
+                launched_at = float(since[since["kind"] == "launched"]["t"].iloc[-1])
+                stages += (f"<div class='wb-muted'>verl start-up: {time.time() - launched_at:.0f} s so far "
+                           f"(a start-up took ~190–230 s on an H200)</div>") + self._startup_phases()
             lost = since[since["kind"] == "not_resumed"]["text"].tolist() if len(since) else []
             latest = since.iloc[-1]["text"] if len(since) and not handle.done else ""
         else:
@@ -267,6 +273,21 @@ class ChangesPanel:
                   + (f"<div class='wb-muted'>latest: {html.escape(str(latest))}</div>" if latest else ""))
         problems = {str(k): str(v) for k, v in (handle.problems or {}).items()}
         return markup, problems, bool(handle.done)
+
+    def _startup_phases(self) -> str:
+        """verl's start-up phases so far, from the relaunched run's log (rate-limited: it reads a log file)."""
+        now = time.monotonic()
+        if now - self._phases_read_at >= STARTUP_PHASES_EVERY_S:
+            self._phases_read_at = now
+            try:
+                phases = self.ctx.session.startup_phases()
+            except (OSError, ValueError):  # no log (a replay of a recording): the stage list says enough
+                phases = None
+            self._phases_markup = "" if phases is None or phases.empty else (
+                "<ul class='wb-startup'>" + "".join(
+                    f"<li>{html.escape(str(r.phase))}: {fmt(r.seconds)} s</li>" for r in phases.itertuples()
+                ) + "</ul>")
+        return self._phases_markup
 
     def show(self, payload) -> None:
         knobs, progress, gpu_count = payload

@@ -26,7 +26,7 @@ loop thread. Widget callbacks (which JupyterLab 4 may run on another thread) and
 `Context.lock`. Nothing writes into an Output widget from background code. The task starts when an event loop runs
 (a kernel); without one (a plain script, pytest) call `refresh()`.
 
-**For browser tests**, stable CSS classes: `wb-session-bar`, `wb-status`, `wb-pause|resume|stop|rollback`,
+**For browser tests**, stable CSS classes: `wb-session-bar`, `wb-status`, `wb-start|pause|resume|stop|rollback`, `wb-notice`,
 `wb-knob-<name>` (each knob editor; `wb-knob-bad` while a problem marks it, message in `wb-knob-message`),
 `wb-diff`, `wb-apply`, `wb-discard`, `wb-apply-progress`, `wb-utilization`, `wb-steps`, `wb-throughput`,
 `wb-segments-table`, `wb-placement-grid`, `wb-findings`, `wb-finding-apply`, `wb-export-text`, `wb-copy`,
@@ -95,7 +95,7 @@ class Dashboard:
             session = operator_session(session, token)
         self.interval_s = max(float(interval_s), MIN_INTERVAL_S)
         self.ctx = Context(session, Feed(session, window_s=window_min * 60.0))
-        self.bar = SessionBar(self.ctx)
+        self.bar = SessionBar(self.ctx, switch=self._switch)
         self.changes = ChangesPanel(self.ctx)
         self.placement = PlacementPanel(self.ctx, self.changes.placement_editors)
         self.utilization = UtilizationPanel(self.ctx, window_min=window_min)
@@ -229,6 +229,13 @@ class Dashboard:
         if self._task is not None:
             self._task.cancel()
         self.widget.close()
+
+    def _switch(self, session: Session) -> None:
+        """Follow another session (one the Start button began): a new feed; the panels redraw from it."""
+        with self._tick, self.ctx.lock:
+            window_s = self.ctx.feed.window_s
+            self.ctx.session = session
+            self.ctx.feed = Feed(session, window_s=window_s)
 
     # ----------------------------------------------------------------- operator token typed into the page
     def _unlock(self) -> None:

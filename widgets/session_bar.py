@@ -11,7 +11,9 @@ from .common import READ_ONLY_REASON, Context, assign, fmt
 
 ACTIVE = ("starting", "running", "paused", "restarting", "stopping")
 # Which state each control makes sense in, and why it is off otherwise.
+ENDED = ("stopped", "finished", "failed", "lost")
 CONTROLS = {
+    "start": (ENDED, "a session runs one verl run at a time: start works once this one has ended"),
     "pause": (("running",), "pause works while the run is running"),
     "resume": (("paused",), "resume works while the run is paused"),
     "stop": (("starting", "running", "paused", "restarting"), "nothing runs to stop"),
@@ -26,9 +28,20 @@ def _latest(steps, column: str) -> float:
     return float(values.iloc[-1]) if len(values) else math.nan
 
 
+def start_like(session):
+    """A new session with the plan in force of an ended one: a live run, or the same recording replayed."""
+    from workbench import Session
+
+    meta = session.meta
+    if meta.get("kind") == "replay":
+        return Session.replay(meta["recording"], speed=meta.get("speed", 1.0), follow=meta.get("follow", True))
+    return Session.start(session.plan)
+
+
 class SessionBar:
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, switch=None):
         self.ctx = ctx
+        self.switch = switch  # the dashboard's: follow a newly started session
         self.status = W.HTML(_dom_classes=["wb-status"])
         self.buttons = {
             name: W.Button(description=name.capitalize(), _dom_classes=[f"wb-{name}"],
@@ -45,6 +58,18 @@ class SessionBar:
 
     def _control(self, name: str) -> None:
         session = self.ctx.session
+        if name == "start":
+            def start() -> str:
+                new = start_like(session)
+                if self.switch is not None:
+                    self.switch(new)
+                return f"session {new.id} (its page: ?session={new.id})"
+
+            self.ctx.background("start", start)
+            return
+        if name == "stop":
+            self.ctx.background(name, lambda: session.stop(wait=False))
+            return
         self.ctx.background(name, getattr(session, name))
 
     def prepare(self, feed, news):

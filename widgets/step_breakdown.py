@@ -8,6 +8,7 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 
+from .charts import sync_page_state
 from .common import heading
 from .feed import STEPS_SHOWN
 

@@ -82,8 +82,6 @@ class UtilizationPanel:
         for name in new:  # a GPU seen for the first time gets its line (rare: at start-up)
             fig.add_scatter(x=np.empty(0), y=np.empty(0), mode="lines", name=name, line=dict(width=1.5))
             self.gpu_traces[name] = len(fig.data) - 1
-        if new:
-            sync_page_state(fig)
         with fig.batch_update():
             for name, index in self.gpu_traces.items():
                 x, y = lines.get(name, (np.empty(0), np.empty(0)))
@@ -97,3 +95,5 @@ class UtilizationPanel:
             if shapes != self._shapes:
                 fig.layout.shapes = shapes
                 self._shapes = shapes
+        if new:
+            sync_page_state(fig)
