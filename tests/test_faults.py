@@ -292,11 +292,16 @@ def _prepared(home: Path) -> Path:
     return directory
 
 
-def _supervisor(directory: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _supervisor(directory: Path, *args: str, prefix: tuple[str, ...] = ()) -> int:
+    """Run a supervisor on a prepared session the way Session._spawn does (its pid recorded); its exit code."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     with open(directory / c.LOG_DIR / "supervisor.log", "ab") as log:
-        return subprocess.run([*prefix, sys.executable, "-m", "workbench.supervisor", "--session", str(directory),
-                               *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+        supervisor = subprocess.Popen([*prefix, sys.executable, "-m", "workbench.supervisor", "--session",
+                                       str(directory), *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    store = Store(directory)
+    store.set_meta(supervisor_pid=supervisor.pid)
+    store.close()
+    return supervisor.wait(timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -307,8 +312,7 @@ def _supervisor(directory: Path, *args: str, prefix: tuple[str, ...] = ()) -> su
 def test_bad_supervisor_arguments(home, args, words):
     directory = _prepared(home)
     args = [str(resolve_recording(RECORDING)) if a == "RECORDING" else a for a in args]
-    done = _supervisor(directory, *args)
-    assert done.returncode != 0
+    assert _supervisor(directory, *args) != 0
     outcome = _ends_failed_at_once(Session.attach(directory), words)
     assert outcome.state == c.FAILED
 
@@ -318,16 +322,22 @@ def test_unwritable_store(home):
     failure file the handle reads."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv (util-linux) to run the supervisor as another user")
-    os.chmod(home, 0o755)
-    directory = _prepared(home)
-    for path in (directory.parent, directory, directory / c.LOG_DIR):
-        os.chmod(path, 0o777)
-    os.chmod(directory / c.TOKEN_FILE, 0o644)
-    done = _supervisor(directory, "--replay", str(resolve_recording(RECORDING)),
-                       prefix=("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"))
-    assert done.returncode != 0
-    outcome = _ends_failed_at_once(Session.attach(directory), "readonly database")
-    assert outcome.state == c.FAILED
+    shared = Path(tempfile.mkdtemp(prefix="wb-unwritable-"))  # pytest's tmp_path is root's alone
+    try:
+        os.environ["VERL_WORKBENCH_HOME"] = str(shared)
+        directory = _prepared(shared)
+        for path in (shared, directory.parent, directory, directory / c.LOG_DIR):
+            os.chmod(path, 0o777)
+        for path in (directory / c.TOKEN_FILE, directory / "session.sqlite"):
+            os.chmod(path, 0o644)
+        code = _supervisor(directory, "--replay", str(resolve_recording(RECORDING)),
+                           prefix=("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"))
+        assert code != 0
+        outcome = _ends_failed_at_once(Session.attach(directory), "readonly database")
+        assert outcome.state == c.FAILED
+    finally:
+        os.environ["VERL_WORKBENCH_HOME"] = str(home)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -33,7 +35,7 @@ from .advisor import Finding, advise, findings_frame
 from .knobs import KNOB_TABLE_COLUMNS, KNOBS, irrelevant_knobs, knob_defaults, knob_rows
 from .paths import new_session_dir, resolve_session_dir, sessions_root
 from .plan import PLAN_PROBLEM, Plan, PlanError
-from .store import APPEND_TABLES, POLL_FIELDS, STORE_FILE, Store
+from .store import APPEND_TABLES, POLL_FIELDS, STORE_FILE, Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
 NO_CHANGE = "no change: give knob values that differ from the plan in force"
@@ -315,7 +317,10 @@ class Session:
         meta = self.meta
         state = _effective_state(meta, self.dir)
         if state == c.LOST and meta.get("state") != c.LOST and self.is_operator:
-            self._mark_lost(meta)
+            try:
+                self._mark_lost(meta)
+            except (StoreError, sqlite3.Error) as error:  # e.g. a full disk: it is lost all the same
+                warnings.warn(f"session {self.id} is lost, and its store can't say so: {error}")
         return state
 
     @property
@@ -463,7 +468,12 @@ class Session:
         if not self._supervisor_alive():
             state, failure = self.state, self.failure  # reading the state runs the watchdog
             return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
-        self._command(c.STOP, {"now": now, "checkpoint": checkpoint})
+        try:
+            self._command(c.STOP, {"now": now, "checkpoint": checkpoint})
+        except RuntimeError:
+            if self._supervisor_alive():
+                raise
+            wait = False  # it ended meanwhile (e.g. it failed at start-up): nothing runs, as a stop wants
         if wait:
             self.wait_until(lambda s: s.state in c.ENDED_STATES and not s._supervisor_alive(), timeout=timeout)
         state, failure = self.state, self.failure

@@ -447,7 +447,7 @@ class Supervisor:
         except KeyboardInterrupt:
             self._end_run(c.STOPPED, "supervisor terminated")
         except Exception as error:  # e.g. the store can't be written (disk full): said, and nothing left running
-            traceback.print_exc()
+            _log(traceback.format_exc())
             self.fail(f"the supervisor could not go on: {_words(error)}")
             return 1
         finally:
@@ -541,6 +541,14 @@ def _words(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def _log(text: str) -> None:
+    """Into the supervisor's log, if the disk takes it (a full disk must not stop the failure from being said)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def _session_arg(argv: list[str] | None) -> Path | None:
     """--session, read without the parser (the other arguments may be what is wrong)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -555,7 +563,7 @@ def _session_arg(argv: list[str] | None) -> Path | None:
 def record_failure(session_dir: Path, reason: str) -> None:
     """Say why the supervisor can't go on: state failed and an event in the store or, where the store can't take
     them (unwritable, disk full), the failure note the session handle reads; and in the supervisor's log."""
-    print(f"supervisor failed: {reason}", file=sys.stderr, flush=True)
+    _log(f"supervisor failed: {reason}")
     try:
         store = Store(session_dir, create=False)
         try:
@@ -569,7 +577,7 @@ def record_failure(session_dir: Path, reason: str) -> None:
     try:
         c.write_failure_note(session_dir, reason)
     except OSError as error:
-        print(f"supervisor: no failure note either: {error}", file=sys.stderr, flush=True)
+        _log(f"supervisor: no failure note either: {error}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -586,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         supervisor = _start(argv)
     except Exception as error:  # anything that stops it before its loop: said, not left "starting" for ever
-        traceback.print_exc()
+        _log(traceback.format_exc())
         if session_dir is None:
             raise
         record_failure(session_dir, _words(error))
