@@ -107,7 +107,8 @@ class Campaign:
         from workbench.session import Session
 
         if self.replay:
-            self.session = Session.replay("h200-proof", speed=20, follow=False, root=self.out / "sessions")
+            # Slow enough that the driver's advice and apply land inside the recorded segment's 9 steps (2.5 s each).
+            self.session = Session.replay("h200-proof", speed=5, follow=False, root=self.out / "sessions")
             self.facts["plan_overrides"] = self.session.export("overrides")
         else:
             from workbench.assets import generate_assets
@@ -128,10 +129,13 @@ class Campaign:
         self.wait_steps(self.steps_before, "before")
 
     def advise_and_apply(self) -> None:
+        """Ask the advisor (it leaves the first step out as warm-up and may want a second measured step) and apply
+        its most severe applicable proposal — the one API call a user would make: apply_finding."""
         s = self.session
-        for extra in range(3):  # the advisor leaves the first step out as warm-up: it may want one more step
+        for extra in range(3):
             findings = s.advice_findings()
-            if self._chosen(findings) or extra == 2:
+            finding = self._first_applicable(findings)
+            if finding is not None or extra == 2:
                 break
             self.log(f"no applicable advice yet ({len(findings)} findings): one more step")
             self.wait_steps(int(s.steps()["step"].max()) + 1, "before")
@@ -140,56 +144,65 @@ class Campaign:
         (self.out / "advice_before.json").write_text(json.dumps(rows, indent=1, default=str))
         for r in rows:
             self.log(f"advice [{r['severity']}] {r['rule']}: {r['change']} — {r['expected']}")
-        chosen = self._chosen(findings)
-        self.facts["findings_applied"] = [f.rule for f in chosen]
-        if not chosen:
+        if finding is None:
             raise RuntimeError("the advisor proposed no applicable change: nothing to tune with")
+        self.facts["findings_applied"] = [finding.rule]
         queued_after = int(s.steps()["step"].max())
         self.facts["before_segment"] = int(s.steps()["segment_id"].max())
         t_apply = time.time()
-        if len(chosen) == 1:
-            handle = s.apply_finding(chosen[0])
-        else:  # several proposals: one restart carrying all of them (each is still only the advisor's change)
-            merged: dict = {}
-            for f in chosen:
-                for k, v in f.change.items():
-                    merged.setdefault(k, v)
-            handle = s.apply(merged)
+        handle = s.apply_finding(finding)
         returned = time.time() - t_apply
-        self.log(f"applied {self.facts['findings_applied']}: {handle!r} (returned in {returned * 1000:.0f} ms)")
+        self.log(f"applied {finding.rule}: {handle!r} (returned in {returned * 1000:.0f} ms)")
         handle.wait(timeout=max(60.0, self.left()))
         self.log(f"apply ended: {handle!r}")
         if handle.state not in ("resumed", "applied"):
             raise RuntimeError(f"the advisor's change did not take effect: {handle.state} {handle.message}")
-        resumed = handle.step if handle.step is not None else queued_after + 1
+        # The segment the change opened: the first one begun after Apply (a restart's relaunch or a hot apply's).
+        segs = self._store_rows("segments")
+        after = min(r["id"] for r in segs if r["started_at"] >= t_apply)
         self.facts.update(apply_t=t_apply, apply_return_s=returned, apply_mode=handle.mode, queued_after=queued_after,
-                          resumed_step=resumed, changes=handle.changes)
-        self.wait_steps(resumed, "first step after the change")
-        steps = s.steps()
-        self.facts["after_segment"] = int(steps[steps["step"] >= resumed]["segment_id"].min())
-        self.wait_steps(resumed + self.steps_after, "after")  # its first step (warm-up) + steps_after measured
+                          resumed_step=handle.step, changes=handle.changes, after_segment=after)
+        need = self.steps_after + 1  # its first step (warm-up) + steps_after measured
 
-    def _chosen(self, findings) -> list:
+        def enough(x) -> bool:
+            if x.state in ("failed", "lost", "stopped", "finished"):
+                raise RuntimeError(f"session {x.id} is {x.state} during the tuned segment")
+            steps = x.steps()
+            return len(steps) and (steps["segment_id"] == after).sum() >= need
+
+        s.wait_until(enough, timeout=max(30.0, self.left()))
+        last = s.steps().iloc[-1]
+        self.log(f"after: segment {after}, step {int(last['step'])} {float(last['timing_s/step']):.1f} s, "
+                 f"{float(last.get('perf/throughput', float('nan'))):.0f} tok/s/GPU")
+
+    def _store_rows(self, table: str) -> list[dict]:
+        from workbench.store import Store
+
+        store = Store(self.session.dir, readonly=True)
+        try:
+            return store.rows(table)
+        finally:
+            store.close()
+
+    def _first_applicable(self, findings):
+        """The most severe finding (the advisor sorts them) with a change that previews clean and leaves the
+        algorithm alone; on a replay, the recording's own restart change stands in (a replay plays recorded plans)."""
         from workbench.knobs import ALGORITHM_KNOBS
 
-        chosen, seen = [], set()
-        for f in findings:
-            if not f.change or set(f.change) & set(ALGORITHM_KNOBS) or set(f.change) & seen:
-                continue
-            p = self.session.preview(f.change)
-            if not p.ok:
-                self.log(f"skip {f.rule}: preview says {p.problems}")
-                continue
-            chosen.append(f)
-            seen |= set(f.change)
         if self.replay:
-            # A replay only plays plans it recorded: stand in the recording's own restart change for the advice.
             from types import SimpleNamespace
 
             budgets = {k: 32768 for k in ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")}
-            return [SimpleNamespace(rule="replay-stand-in", change={**budgets, "critic_lora_rank": 8,
-                                                                     "trainer_mode": "colocate_async"})]
-        return chosen
+            return SimpleNamespace(rule="replay-stand-in", change={**budgets, "critic_lora_rank": 8,
+                                                                    "trainer_mode": "colocate_async"})
+        for f in findings:
+            if not f.change or set(f.change) & set(ALGORITHM_KNOBS):
+                continue
+            p = self.session.preview(f.change)
+            if p.ok:
+                return f
+            self.log(f"skip {f.rule}: preview says {p.problems}")
+        return None
 
     def tuning_result(self) -> None:
         s = self.session
@@ -225,6 +238,9 @@ class Campaign:
         cold_seg, after_seg = int(segs["id"].iloc[0]), self.facts["after_segment"]
         cold = float(first[cold_seg] - segs.set_index("id").loc[cold_seg, "started_at"])
         restart = float(first[after_seg] - self.facts["apply_t"])
+        if self.facts.get("apply_mode") != "restart" or not (restart > 0 and cold > 0):
+            raise RuntimeError(f"no restart to compare (mode {self.facts.get('apply_mode')}, restart {restart:.1f} s, "
+                               f"cold {cold:.1f} s)")
         phases = {}
         for seg in (cold_seg, after_seg):
             path = s.dir / "logs" / f"segment-{seg}.log"
@@ -271,7 +287,8 @@ class Campaign:
         returned = time.time() - t0
         h.wait(timeout=max(30.0, self.left()))
         applied_s = time.time() - t0
-        late = (h.step - (queued_after + 1)) if h.step is not None else None
+        # queued while step queued_after+1 runs: the next boundary puts it in force from queued_after+2
+        late = (h.step - (queued_after + 2)) if h.step is not None else None
         self.log(f"hot {changes} ({source}): returned {returned * 1000:.0f} ms, {h!r}, boundaries late {late}")
         self.save(
             "hot_apply_latency", value=round(returned * 1000, 1), unit="ms", goal="<= 500 ms; next step boundary",
@@ -296,18 +313,23 @@ class Campaign:
             raise RuntimeError("no sampler process for this session")
         from workbench.store import Store
 
+        # Over the sampler's whole life so far (no waiting: the campaign's budget is tight): CPU time / wall time.
         store = Store(s.dir, readonly=True)
-        n0, c0, w0, size0 = store.max_id("samples"), sum(proc.cpu_times()[:2]), time.time(), _store_bytes(s.dir)
-        time.sleep(20.0)
-        n1, c1, w1, size1 = store.max_id("samples"), sum(proc.cpu_times()[:2]), time.time(), _store_bytes(s.dir)
+        rows = store.frame("samples")
         store.close()
-        share = 100 * (c1 - c0) / (w1 - w0)
+        wall = time.time() - proc.create_time()
+        cpu = sum(proc.cpu_times()[:2])
+        share = 100 * cpu / wall
+        span = float(rows["t"].max() - rows["t"].min()) if len(rows) > 1 else float("nan")
+        size = _store_bytes(s.dir)
         self.save(
             "sampler_cost", value=round(share, 2), unit="% of one CPU core", goal=None,
-            repetitions=[{"value": share, "seconds": w1 - w0}],
-            details={"rows_per_s": (n1 - n0) / (w1 - w0), "store_bytes_per_s": (size1 - size0) / (w1 - w0),
+            repetitions=[{"value": share, "cpu_s": cpu, "wall_s": wall}],
+            details={"rows_per_s": len(rows) / span if span else None, "rows": len(rows),
+                     "store_bytes_per_s_upper_bound": size / wall, "store_bytes": size,
                      "hz": float(os.environ.get("WORKBENCH_SAMPLER_HZ", "10")), "gpus": 1},
-            notes="CPU share of the sampler process over 20 s while verl ran; its effect on step time: "
+            notes="CPU share of the sampler process over its life in this session (NVML + GPM at 10 Hz, process "
+                  "attribution once a second); store bytes include steps and events. Its effect on step time: "
                   "bench/results/h200_2026-11-30/README.md (12.48 s off vs 12.43 s on)",
         )
 

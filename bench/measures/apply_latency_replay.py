@@ -35,7 +35,9 @@ def measure_hot_applies(session, n: int, values=(32768, 4096), timeout: float = 
             raise RuntimeError(f"hot change not applied: {handle!r}")
         reps.append({
             "value": returned_ms, "call": i + 1, "to": value, "queued_after_step": queued_after,
-            "in_force_from_step": handle.step, "boundaries_late": handle.step - (queued_after + 1),
+            # Queued while step queued_after+1 runs: the next boundary ends that step, so the change is in force
+            # from queued_after+2 (0 boundaries late) at best.
+            "in_force_from_step": handle.step, "boundaries_late": handle.step - (queued_after + 2),
             "s_to_applied": round(time.time() - t0, 3),
         })
         session.wait_for_step(handle.step, timeout=timeout)  # one step under the new plan before the next change
@@ -67,7 +69,7 @@ def run(ctx: Context) -> dict:
         details={"first_call_ms": reps[0]["value"], "later_calls_median_ms": value,
                  "boundaries_late": late, "replay_speed": speed, "recording": RECORDING},
         notes="value: median apply() return time after the first call; boundaries_late 0 = in force from the step "
-              "after the one during which it was queued",
+              "after the one running when it was queued (the next boundary)",
         command="python -m bench.run --measure apply_latency_replay",
     )
 

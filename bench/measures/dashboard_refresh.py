@@ -73,17 +73,20 @@ def run(ctx: Context) -> dict:
     writer.close()
     reps += [{"value": ms, "case": "live tick (2 Hz)"} for ms in ticks]
     full = median(r["value"] for r in reps if r["case"] == "full refresh" and not r["first"])
+    live = median(ticks)
     return result(
-        MEASURE, value=full, unit="ms", goal=GOAL, repetitions=reps, machine=ctx.machine,
+        MEASURE, value=full, unit="ms", goal=f"{GOAL} (full refresh and live tick)", repetitions=reps,
+        machine=ctx.machine, met=bool(full <= 200 and live is not None and live <= 200),
         details={
             "dashboard_build_ms": build_ms, "first_full_refresh_ms": reps[0]["value"],
-            "full_refresh_stage_ms": stage_ms, "live_tick_median_ms": median(ticks),
+            "full_refresh_stage_ms": stage_ms, "live_tick_median_ms": live,
             "live_tick_max_ms": max(ticks) if ticks else None, "live_ticks": len(ticks), "live_seconds": live_s,
             "rss_growth_mb": (rss1 - rss0) / 2**20, "traced_growth_mb": (traced1 - traced0) / 2**20,
             "traced_peak_mb": traced_peak / 2**20, "memory_samples": memory,
             "store": ctx.store_params(), "store_synthetic": True,
         },
-        notes="value: median full refresh() after the first; live ticks are the update task's incremental reads",
+        notes="value: median full refresh() after the first (nothing new to read: every panel recomputed and re-sent); "
+              "live ticks read what a live session wrote in the last 0.5 s; the goal holds for both",
         command="python -m bench.run --measure dashboard_refresh",
     )
 
