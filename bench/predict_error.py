@@ -10,6 +10,8 @@ Some of predict.py's priors were read off the same runs (the fused-kernel factor
 critic factor from h200-proof); pairs that use a prior on the run it came from are marked `in_sample` and the
 table reports the median over the out-of-sample pairs too.
 
+The trainer's peak memory (PyTorch's max reserved) is predicted on the same pairs; its error is in `details`.
+
 Runs on the CPU: `.venv/bin/python bench/predict_error.py` writes bench/results/h200_2026-12-01/predict_error.json.
 """
 
@@ -84,6 +86,7 @@ def evaluate() -> pd.DataFrame:
         cost = predict.segment_cost(segments(source))
         truth = segments(target)
         measured = float(pd.to_numeric(truth.steps["timing_s/step"]).median())
+        memory = predict.segment_cost(truth).trainer_peak_gb
         p = predict.predict(cost, truth.knobs)
         low, high = p.step_range_s
         changed = [k for k in truth.knobs if truth.knobs[k] != cost.knobs.get(k)]
@@ -92,6 +95,8 @@ def evaluate() -> pd.DataFrame:
             "source_step_s": cost.step_s, "measured_step_s": measured, "predicted_step_s": p.step_s,
             "uncertainty": p.uncertainty, "error_pct": 100 * (p.step_s - measured) / measured,
             "inside_band": low <= measured <= high, "target_steps": list(truth.steps["step"].astype(int)),
+            "measured_trainer_gb": memory, "predicted_trainer_gb": p.trainer_peak_gb,
+            "memory_error_pct": 100 * (p.trainer_peak_gb - memory) / memory,
         })
     return pd.DataFrame(rows)
 
@@ -112,7 +117,9 @@ def main() -> None:
         details={"median_abs_error_out_of_sample_pct": float(out_of_sample.median()),
                  "pairs": len(table), "pairs_out_of_sample": int((~table["in_sample"]).sum()),
                  "inside_band_share": float(table["inside_band"].mean()),
-                 "max_abs_error_pct": float(absolute.max())},
+                 "max_abs_error_pct": float(absolute.max()),
+                 "trainer_memory_median_abs_error_pct": float(table["memory_error_pct"].abs().median()),
+                 "trainer_memory_max_abs_error_pct": float(table["memory_error_pct"].abs().max())},
         notes="Held-out pairs: each target segment predicted from another plan's segment, its own steps unread. "
               "Sources: workbench/assets/recordings (H200, 2026-11-30) and tests/data reference runs (H200, "
               "2026-11-30 and 2026-12-01). The 2026-11-30 and 2026-12-01 quickstart runs of one plan differ by "
@@ -122,7 +129,7 @@ def main() -> None:
     path = write(res, args.out)
     pd.set_option("display.width", 200)
     print(table[["source", "target", "in_sample", "measured_step_s", "predicted_step_s", "error_pct",
-                 "inside_band"]].round(2).to_string(index=False))
+                 "inside_band", "memory_error_pct"]].round(2).to_string(index=False))
     print(f"median |error| {absolute.median():.1f} % (out of sample {out_of_sample.median():.1f} %) -> {path}")
 
 

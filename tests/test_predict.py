@@ -130,8 +130,7 @@ def test_closest_cost_is_the_segment_with_fewest_differences(runs):
 def test_budget_scale_from_memory_per_token(runs):
     cost = runs.cost("fused_C")  # 68.4 GiB reserved at 32 768-token micro batches on a 140 GiB GPU
     scale = predict.budget_scale_for_memory(cost, 0.8, 4.0)
-    static = predict.STATIC_MEMORY_SHARE * cost.trainer_peak_gb
-    assert static + (cost.trainer_peak_gb - static) * scale + predict.CONTEXT_GB == pytest.approx(
+    assert cost.trainer_peak_gb * scale ** predict.MEMORY_EXPONENT + predict.CONTEXT_GB == pytest.approx(
         0.8 * cost.mem_total_gb)
     assert 1.0 < scale < 4.0
     assert not math.isnan(scale)

@@ -708,6 +708,17 @@ def measurements(steps: pd.DataFrame, samples: pd.DataFrame, knobs: Mapping[str,
                         knobs=dict(knobs))
 
 
+def segment_costs(steps: pd.DataFrame, samples: pd.DataFrame,
+                  knobs_by_segment: Mapping[Any, Mapping[str, Any]]) -> list[what_if.SegmentCost]:
+    """The what-if model's calibration: every segment with enough measured steps, in the order given."""
+    costs = []
+    for segment_id, knobs in knobs_by_segment.items():
+        m = measurements(steps, samples, knobs, segment_id=segment_id)
+        if m is not None and (cost := m.cost) is not None:
+            costs.append(cost)
+    return costs
+
+
 def _spare_gpus(outside_plan: pd.DataFrame) -> tuple[int, ...]:
     """GPUs of this machine outside the plan that sat idle through the measured steps (another job's busy GPU
     is no spare). Plan GPU indices are per node, so on several nodes no index names a spare GPU unambiguously."""

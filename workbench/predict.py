@@ -8,10 +8,12 @@ exists the factor is 1 and the knob is listed as unmodelled with a wider uncerta
 
 Priors come from real verl 0.9.1 runs on one H200 (0.5B-shaped Qwen2, 256 prompts × up to 512+512 tokens,
 tests/data/README.md) or, where no run measured a lever, from how verl computes it (said so in the source).
-Memory: the trainer's peak is static (weights, gradients, optimizer state) plus a part that grows with the largest
-micro batch in tokens; the static part is STATIC_MEMORY_SHARE of the measured peak (fit on the H200 quickstart →
-fused run: 27.2 GB at 8 192 tokens → 68.4 GB at 32 768). The GPU peak is the larger of the generation-time peak
-(measured NVML peak moved by the rollout engine's memory share) and the training-time peak (trainer + context).
+Memory: the trainer's peak (PyTorch's max reserved) grows with the largest micro batch in tokens as
+(tokens ratio)^MEMORY_EXPONENT, sublinear because weights, gradients and optimizer state stay. 0.55 fits the three
+real H200 budget changes within -14…+32 %: 4 096 → 32 768 tokens took 26.2 → 61.5 GB (h200-proof), 8 192 → 32 768
+27.2 → 68.4 GB (quickstart → fused), 8 192 → 49 152 27.2 → 79.0 GB (quickstart → tuned). The GPU peak is the larger
+of the generation-time peak (the measured NVML peak moved by the rollout engine's memory share) and the
+training-time peak (trainer + context).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pandas as pd
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 PER_TOKEN_PHASES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 MIB_PER_GIB = 1024.0
-STATIC_MEMORY_SHARE = 0.45
+MEMORY_EXPONENT = 0.55
 CONTEXT_GB = 4.0  # CUDA context, NCCL buffers and the sleeping rollout engine's weights during training
 OOM_SHARE = 0.95
 NEAR_FULL_SHARE = 0.90
@@ -262,9 +264,8 @@ _SOURCES = {
 
 
 def _trainer_peak(cost: SegmentCost, after: Mapping[str, Any]) -> float:
-    static = STATIC_MEMORY_SHARE * cost.trainer_peak_gb
     grow = largest_micro_batch(after) / largest_micro_batch(cost.knobs)
-    peak = static + (cost.trainer_peak_gb - static) * grow
+    peak = cost.trainer_peak_gb * grow ** MEMORY_EXPONENT
     if (cost.knobs["critic_lora_rank"] > 0) != (after["critic_lora_rank"] > 0):
         # H200 2026-11-30: the LoRA critic saved 3.6 GB (no full-size gradients and optimizer state)
         peak += -3.6 if after["critic_lora_rank"] > 0 else 3.6
@@ -332,8 +333,7 @@ def budget_scale_for_memory(cost: SegmentCost, target_share: float, limit: float
     memory (1 when memory was not measured; at most `limit`)."""
     if not (cost.mem_total_gb > 0 and cost.trainer_peak_gb > 0):
         return 1.0
-    static = STATIC_MEMORY_SHARE * cost.trainer_peak_gb
-    room = target_share * cost.mem_total_gb - CONTEXT_GB - static
-    grow = room / (cost.trainer_peak_gb - static)
+    room = target_share * cost.mem_total_gb - CONTEXT_GB
+    grow = (room / cost.trainer_peak_gb) ** (1 / MEMORY_EXPONENT)
     return float(np.clip(grow, 1.0, limit))
 
