@@ -128,3 +128,51 @@ def test_session_dirs_are_owner_only(tmp_path, monkeypatch):
     for directory in (made, made.parent, made.parent.parent):
         assert directory.stat().st_mode & 0o777 == 0o700, directory
     assert os.access(made, os.W_OK)
+
+
+# ------------------------------------------------------------------------------------------------ a running session
+def test_bad_input_to_a_session_gets_one_clear_line(home):
+    """Every case against one replayed session (so the table costs one start-up): each raises its error at once, in
+    one line, and nothing is queued."""
+    from workbench import control as c
+    from workbench.session import Session
+
+    session = Session.replay("h200-proof", speed=20, follow=False)
+    try:
+        session.wait_for_step(1, timeout=120)
+        budget = session.knob_values()["actor_token_budget"]
+        cases = {
+            "apply(None)": (lambda: session.apply(None), PlanError, ("no change",)),
+            "apply([1])": (lambda: session.apply([1]), PlanError, ("dict",)),
+            "apply({})": (lambda: session.apply({}), PlanError, ("no change",)),
+            "a no-op change": (lambda: session.apply({"actor_token_budget": budget}), PlanError, ("no change",)),
+            "an unknown knob": (lambda: session.apply({"actor_token_budgt": 8192}), PlanError,
+                                ("actor_token_budgt", "actor_token_budget")),
+            "a value of the wrong type": (lambda: session.apply({"actor_token_budget": "lots"}), PlanError,
+                                          ("actor_token_budget",)),
+            "a recording that is not there": (lambda: Session.replay("no-such-recording"), FileNotFoundError,
+                                              ("no-such-recording",)),
+            "replay(speed=0)": (lambda: Session.replay("h200-proof", speed=0), ValueError, ("speed",)),
+            "replay(speed='fast')": (lambda: Session.replay("h200-proof", speed="fast"), ValueError, ("speed",)),
+            "a session that is not there": (lambda: Session.attach("no-such-session"), FileNotFoundError,
+                                            ("no-such-session",)),
+        }
+        failed = []
+        for case, (act, error_type, words) in cases.items():
+            try:
+                act()
+                failed.append(f"{case}: no error")
+                continue
+            except error_type as error:
+                message = str(error)
+            except Exception as error:  # noqa: BLE001 — the wrong kind of error is a failure of this case
+                failed.append(f"{case}: {type(error).__name__}: {error}")
+                continue
+            if "\n" in message.strip() or not all(word in message for word in words):
+                failed.append(f"{case}: {message!r}")
+        assert not failed, "\n".join(failed)
+        assert session.commands().query("kind == @c.APPLY").empty  # nothing was queued
+        assert len(Session.list()) == 1  # no session was made by the bad replays
+    finally:
+        session.stop(now=True)
+        session.close()
