@@ -90,19 +90,6 @@ def test_every_panel_shows_the_replayed_session(home):
         assert "restart" in d.changes.editors["trainer_mode"].label.value
         assert d.changes.editors["ref_token_budget"].control.disabled  # no reference policy in this plan
         assert "no reference policy" in d.changes.editors["ref_token_budget"].message.value
-        # advisor: findings (computed in their own thread) with evidence, and an Apply per proposal
-        d.ctx.feed.wait_for_advice()
-        d.refresh()
-        findings = d.ctx.feed.findings
-        assert findings and "evidence:" in d.advisor.list.children[0].children[0].value
-        proposing = [(b, f) for b, f in d.advisor._buttons]
-        if proposing:
-            button, finding = proposing[0]
-            before = len(session.commands())
-            button.click()
-            commands = session.commands()
-            assert len(commands) == before + 1 and commands.iloc[-1]["payload"]["changes"] == finding.change
-            assert f"advice: {finding.title}" in d.changes.progress.value
     finally:
         stop(session)
 
@@ -133,6 +120,27 @@ def test_a_slider_change_previews_applies_and_shows_the_hot_apply(home):
         assert "applied" in d.events.log.value and "from step" in d.changes.progress.value
         assert d.changes.editors["actor_token_budget"].current == 32768  # the plan in force now
         assert "No pending changes" in d.changes.diff.value
+    finally:
+        stop(session)
+
+
+def test_the_advisor_shows_findings_and_applies_a_proposal(home):
+    session = Session.replay(PROOF, speed=SLOW, follow=False)
+    try:
+        session.wait_for_step(4, timeout=TIMEOUT)
+        session.pause()
+        wait(lambda: session.state == "paused")
+        d = Dashboard(session, live=False)
+        d.ctx.feed.wait_for_advice()  # advice runs in its own thread; the next refresh shows it
+        d.refresh()
+        assert d.ctx.feed.findings and "evidence:" in d.advisor.list.children[0].children[0].value
+        assert "advice as of" in d.advisor.note.value
+        button, finding = d.advisor._buttons[0]
+        before = len(session.commands())
+        button.click()
+        commands = session.commands()
+        assert len(commands) == before + 1 and commands.iloc[-1]["payload"]["changes"] == finding.change
+        assert f"advice: {finding.title}" in html.unescape(d.changes.progress.value)
     finally:
         stop(session)
 
