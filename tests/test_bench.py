@@ -73,3 +73,27 @@ def test_plain_overrides_replace_keys_instead_of_repeating_them():
     keys = [o.split("=", 1)[0].lstrip("+") for o in out]
     assert len(keys) == len(set(keys))
     assert "trainer.total_training_steps=7" in out and "trainer.logger=[console,file]" in out and "a.b=2" in out
+
+
+def test_overhead_figures_leave_gen_out_and_keep_every_step():
+    """Real rows on both sides (the h200-proof recording's segment 2; plain verl's run B of 2026-11-30): the
+    function's arithmetic, not an overhead figure (the plans differ)."""
+    from pathlib import Path
+
+    from bench.gpu.analysis import per_step, segment_steps
+    from bench.gpu.campaign import overhead_figures
+    from workbench.store import Store
+
+    root = Path(__file__).parents[1]
+    store = Store(root / "workbench" / "assets" / "recordings" / "h200-proof", readonly=True)
+    tuned = segment_steps(per_step(store.frame("steps"), store.frame("samples")), 2)
+    store.close()
+    plain = [json.loads(x)["data"] for x in (root / "tests" / "data" / "h200_2026-11-30" / "B_metrics.jsonl").read_text().splitlines()][1:]
+    fig = overhead_figures(tuned, plain)
+    sess_rest = sorted(tuned["step_s"] - tuned["gen_s"])
+    plain_rest = sorted(r["timing_s/step"] - r["timing_s/gen"] for r in plain)
+    import statistics
+
+    assert fig["ratio"] == pytest.approx(statistics.median(sess_rest) / statistics.median(plain_rest))
+    assert fig["details"]["ran"] == {"session": len(tuned), "plain": len(plain)}
+    assert len(fig["repetitions"]) == len(tuned) + len(plain)

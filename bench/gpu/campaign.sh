@@ -11,7 +11,8 @@
 # recording.tar.gz (the session directory without checkpoints/caches, once packed; else a consistent copy of its
 # store), logs.tar.gz (tails of the segment logs and of plain verl's log), status.txt (GPU, processes).
 set -u
-C=/root/campaign
+C=${CAMPAIGN_DIR:-/root/campaign}
+PY=${CAMPAIGN_PYTHON:-python3}   # CAMPAIGN_DIR / CAMPAIGN_PYTHON / CAMPAIGN_ARGS=--replay: the CPU dry run of this script
 cmd=${1:-watch}
 W=${2:-500}
 [ -f /root/gpu-env.sh ] && source /root/gpu-env.sh
@@ -24,7 +25,7 @@ pack() {
   S=$(cat $C/session_path.txt 2>/dev/null)
   if [ -f $C/recording.tar.gz ]; then cp $C/recording.tar.gz "$OUT/"
   elif [ -n "$S" ] && [ -f "$S/session.sqlite" ]; then
-    python3 - "$S" $C/pack <<'PY'
+    $PY - "$S" $C/pack <<'PY'
 import sqlite3, sys, pathlib
 src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]) / pathlib.Path(sys.argv[1]).name
 dst.mkdir(parents=True, exist_ok=True)
@@ -60,13 +61,13 @@ case "$cmd" in
     rm -rf $C && mkdir -p $C/code
     cp -r workbench bench pyproject.toml $C/code/   # the campaign runs from its own copy: later calls replace $PWD
     cat > $C/go.sh <<GO
-source /root/gpu-env.sh
+[ -f /root/gpu-env.sh ] && source /root/gpu-env.sh
 # The product copes without flash-attn on its own: the staging's sitecustomize fallback stays off its PYTHONPATH
 # (campaign.py puts it back for the plain-verl run only).
 export PYTHONPATH=/root/site:$C/code VERL_WORKBENCH_HOME=/root/wb WORKBENCH_SAMPLER_HZ=10
 export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-0}
 export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1260} PLAIN_STEPS=${PLAIN_STEPS:-8}
-cd $C/code && exec python3 bench/gpu/campaign.py $C --steps-after ${STEPS_AFTER:-4}
+cd $C/code && exec $PY bench/gpu/campaign.py $C --steps-after ${STEPS_AFTER:-4} ${CAMPAIGN_ARGS:-}
 GO
     setsid nohup bash $C/go.sh > $C/stdout.log 2>&1 < /dev/null &
     echo $! > $C/pid
@@ -76,7 +77,7 @@ GO
   watch) watch "$W" ;;
   stop)
     S=$(cat $C/session_path.txt 2>/dev/null)
-    SP=$(python3 - "$S" <<'PY' 2>/dev/null
+    SP=$($PY - "$S" <<'PY' 2>/dev/null
 import json, sqlite3, sys
 db = sqlite3.connect(f"file:{sys.argv[1]}/session.sqlite?mode=ro", uri=True)
 print(json.loads(dict(db.execute("SELECT key, value FROM meta").fetchall()).get("supervisor_pid", "null")) or "")
@@ -85,7 +86,7 @@ PY
     [ -f $C/pid ] && kill -TERM -- -"$(cat $C/pid)" 2>/dev/null   # the campaign driver (its own process group)
     [ -n "$SP" ] && kill -TERM "$SP" 2>/dev/null                  # the supervisor ends verl and the sampler
     sleep 20
-    ray stop --force >/dev/null 2>&1
+    $PY -m ray.scripts.scripts stop --force >/dev/null 2>&1
     pack
     ;;
   *) echo "usage: campaign.sh start|watch|stop [WATCH_S]"; exit 2 ;;
