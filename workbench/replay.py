@@ -299,6 +299,7 @@ class ReplayRun:
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
         resume_step: int | None, speed: float, crash_due: Callable[[int], bool], operator: RecordedOperator | None,
+        ready: Callable[[], None] = lambda: None,
     ):
         self._store = store
         self._recording = recording
@@ -308,6 +309,7 @@ class ReplayRun:
         self._speed = speed
         self._crash_due = crash_due
         self._operator = operator
+        self._ready = ready
         self._boundary = StepBoundary(
             store, segment_id, hot_apply=self._hot_apply, checkpoint=self._checkpoint, end_run=lambda: None,
             idle=self._idle, replay=True, token=(session_dir / c.TOKEN_FILE).read_text().strip(),
@@ -357,6 +359,7 @@ class ReplayRun:
         self._log.flush()
 
     def _play(self) -> int:
+        self._ready()
         segment = self._recording.segment_for(self._plan, after_step=self._resume_step)
         if segment is None:
             raise RuntimeError(NO_RECORDED_SEGMENT)
@@ -494,6 +497,8 @@ class ReplayFactory:
         self.store = Store(self.session_dir)
         self.speed = speed
         self._crash_at_step = crash_at_step
+        # Called before a run plays: the supervisor makes it wait until its process has imported verl.
+        self.ready: Callable[[], None] = lambda: None
         self.operator = None
         if follow:
             token = (self.session_dir / c.TOKEN_FILE).read_text().strip()
@@ -506,12 +511,17 @@ class ReplayFactory:
         self._crash_at_step = None
         return True
 
+    def _ready(self) -> None:
+        self.ready()
+        for segment in self.recording.segments:
+            segment.knobs  # noqa: B018 (parsed once here, so that a change's check finds them parsed)
+
     def __call__(self, segment_id: int, plan: Plan, env: dict[str, str]) -> ReplayRun:
         # `env` tells a live relaunch how to resume verl's weights; a replay has none to load.
         resume_step = self.store.segment(segment_id)["resumed_from_step"]
         return ReplayRun(
             self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
-            self.operator,
+            self.operator, self._ready,
         )
 
 

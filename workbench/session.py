@@ -441,7 +441,7 @@ class Session:
         if not preview.ok:
             raise PlanError(preview.messages or list(preview.problems.values()))
         command_id = self._put(c.APPLY, {"changes": preview.changes, "gpu_count": self.meta.get("gpu_count")})
-        handle = ApplyResult(self, command_id, preview.mode, {d["knob"]: d["after"] for d in preview.diff})
+        handle = ApplyResult(self, command_id, preview.mode, preview.changes)
         if wait:
             handle.wait(timeout=timeout, until=("accepted", "restarting", *HANDLE_FINAL))
             if handle.state == "refused":
@@ -513,13 +513,10 @@ class Session:
         row = self._store.poll_row()
         last_step = row[_FIELD["last_step"]]
         if cursor is not None and row == cursor.row:
-            state = cursor.state
-            if state in c.ACTIVE_STATES and not self._pid_alive(row):
-                state = c.LOST
-            return Poll(cursor, frozenset(), {t: cursor.row[_FIELD[t]] for t in _ID_FIELDS}, state, last_step)
-        state = json.loads(row[_FIELD["state"]]) if row[_FIELD["state"]] else c.STARTING
-        if state in c.ACTIVE_STATES and not self._pid_alive(row):
-            state = c.LOST
+            # Nothing was written; only a supervisor that died says nothing: look again while the state is active.
+            state = self._poll_state(row) if cursor.state in c.ACTIVE_STATES else cursor.state
+            return Poll(PollCursor(row, state), frozenset(), {t: row[_FIELD[t]] for t in _ID_FIELDS}, state, last_step)
+        state = self._poll_state(row)
         if cursor is None:
             changed = frozenset({*_ID_FIELDS, "meta"})
             since = dict.fromkeys(_ID_FIELDS, 0)
@@ -530,10 +527,10 @@ class Session:
             since = {t: cursor.row[_FIELD[t]] for t in _ID_FIELDS}
         return Poll(PollCursor(row, state), changed, since, state, last_step)
 
-    @staticmethod
-    def _pid_alive(row: tuple) -> bool:
-        pid = row[_FIELD["supervisor_pid"]]
-        return pid is None or process_alive(int(json.loads(pid)))
+    def _poll_state(self, row: tuple) -> str:
+        state, pid = (row[_FIELD[name]] for name in ("state", "supervisor_pid"))
+        meta = {"state": json.loads(state) if state else c.STARTING, "supervisor_pid": json.loads(pid) if pid else None}
+        return _effective_state(meta, self.dir)
 
     # ----------------------------------------------------------------- data (pandas, one call away)
     def steps(self, since_id: int = 0) -> pd.DataFrame:

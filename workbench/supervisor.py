@@ -168,9 +168,16 @@ class Supervisor:
         self.stopping_since: float | None = None
         self.sampler: subprocess.Popen | None = None
         self.ray = SessionRayCluster(session_dir)
-        # verl's first import costs seconds: pay it now, beside the run's start, not when the first change comes.
-        self.warm = threading.Thread(target=verl_config.warm, name="warm-verl", daemon=True)
+        # verl's first import and a plan's first composition cost seconds: pay them now, beside the run's start, not
+        # when the first change comes (it must reach the next step boundary).
+        self.warm = threading.Thread(target=self._warm, name="warm-verl", daemon=True)
         self.warm.start()
+
+    def _warm(self) -> None:
+        verl_config.warm()
+        initial = self.store.meta().get("initial_plan")
+        if initial:
+            Plan.from_json(initial).knob_values()
 
     # ----------------------------------------------------------------- helpers
     def state(self) -> str:
@@ -637,9 +644,9 @@ def _start(argv: list[str] | None) -> Supervisor:
         supervisor.store.set_meta(prometheus_url=url)
         supervisor.store.add_event("prometheus", f"metrics for Prometheus at {url}", {"url": url})
     if args.replay is not None:
-        # Importing verl holds the interpreter for tenths of a second at a time: let it end before the replay plays
-        # at its recorded pace (a live run's own start-up takes minutes, beside which the import runs unnoticed).
-        supervisor.warm.join()
+        # Importing verl holds the interpreter for tenths of a second at a time: the replay starts playing at its
+        # recorded pace once it has ended (a live run's own start-up takes minutes, beside which it runs unnoticed).
+        run_factory.ready = supervisor.warm.join
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
     return supervisor
