@@ -1,0 +1,29 @@
+#!/bin/bash
+# Here (not on the GPU): put what a campaign call brought back where it belongs.
+#   bash bench/gpu/collect.sh FILES_AT
+# FILES_AT: the folder the device tool copied $OUT to. Results go to bench/results/<machine named in the JSON>/
+# (with the campaign's progress log, per-step CSV, advice and overrides beside them); the recording is unpacked to
+# /tmp/campaign-recording/ (move it under workbench/assets/recordings/<name>/ if it is worth replaying: session.sqlite
+# only); the table in bench/README.md is regenerated.
+set -eu
+F=${1:?usage: collect.sh FILES_AT}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+T=$(mktemp -d)
+tar xzf "$F/results.tar.gz" -C "$T"
+M=$(python3 -c "import json,glob,sys; f=sorted(glob.glob('$T/results/*.json')); print(json.load(open(f[0]))['machine'] if f else '')")
+[ -n "$M" ] || { echo "no result JSON in $F/results.tar.gz"; exit 1; }
+D=$ROOT/bench/results/$M
+mkdir -p "$D"
+cp "$T"/results/*.json "$D/"
+for f in per_step.csv advice_before.json quickstart_overrides.txt plain_overrides.txt; do
+  [ -f "$T/$f" ] && cp "$T/$f" "$D/campaign_$f"
+done
+[ -f "$F/progress.log" ] && cp "$F/progress.log" "$D/campaign_progress.log"
+[ -f "$F/logs.tar.gz" ] && cp "$F/logs.tar.gz" "$D/campaign_logs.tar.gz"
+if [ -f "$F/recording.tar.gz" ]; then
+  rm -rf /tmp/campaign-recording && mkdir -p /tmp/campaign-recording && tar xzf "$F/recording.tar.gz" -C /tmp/campaign-recording
+  echo "recording: $(ls -d /tmp/campaign-recording/*)"
+fi
+cd "$ROOT" && .venv/bin/python -m bench.table
+echo "results in $D:"; ls "$D"
+rm -rf "$T"
