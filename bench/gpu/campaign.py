@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("--replay", action="store_true", help="dry run on the h200-proof replay (CPU): checks the driver")
-    p.add_argument("--budget-s", type=float, default=float(os.environ.get("CAMPAIGN_BUDGET_S", "1260")))
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("CAMPAIGN_BUDGET_S", "1200")))
     p.add_argument("--steps-before", type=int, default=2, help="steps on quickstart settings before asking the advisor")
     p.add_argument("--steps-after", type=int, default=4, help="measured steps after the restart (plus its first)")
     p.add_argument("--plain-steps", type=int, default=int(os.environ.get("PLAIN_STEPS", "8")))

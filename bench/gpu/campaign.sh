@@ -4,7 +4,7 @@
 #                                                (it outlives this command), then watch it up to WATCH_S s (default 500)
 #   bash bench/gpu/campaign.sh watch [WATCH_S]   follow it until DONE or WATCH_S s, then copy what exists to $OUT
 #   bash bench/gpu/campaign.sh stop              end it (supervisor, verl, Ray) and copy what exists to $OUT
-# env: CAMPAIGN_BUDGET_S (1260: the whole campaign; later parts shrink or skip), PLAIN_STEPS (8), STEPS_AFTER (4),
+# env: CAMPAIGN_BUDGET_S (1200: the whole campaign; later parts shrink or skip), PLAIN_STEPS (8), STEPS_AFTER (4),
 #      WORKBENCH_COMPILE_CACHE (1), WORKBENCH_RAY_CLUSTER (0; 1: one Ray cluster per session kept across segments,
 #      workbench/ray_cluster.py).
 # $OUT gets at most 5 files: progress.log, results.tar.gz (bench JSON + per-step CSV + advice + overrides),
@@ -66,7 +66,7 @@ case "$cmd" in
 # (campaign.py puts it back for the plain-verl run only).
 export PYTHONPATH=/root/site:$C/code VERL_WORKBENCH_HOME=/root/wb WORKBENCH_SAMPLER_HZ=10
 export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-0}
-export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1260} PLAIN_STEPS=${PLAIN_STEPS:-8}
+export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1200} PLAIN_STEPS=${PLAIN_STEPS:-8}
 cd $C/code && exec $PY bench/gpu/campaign.py $C --steps-after ${STEPS_AFTER:-4} ${CAMPAIGN_ARGS:-}
 GO
     setsid nohup bash $C/go.sh > $C/stdout.log 2>&1 < /dev/null &
