@@ -398,3 +398,19 @@ def test_a_restart_class_change_resumes_at_a_step(recording, home):
         assert started["data"]["first_step"] == handle.step and session.plan.knob_values()["use_dynamic_bsz"]
     finally:
         session.stop(now=True)
+
+
+# ------------------------------------------------------------------------------------------------ export
+def test_export_says_what_this_machine_needed_that_plain_verl_does_not_do(tmp_path, recorded_plans):
+    store = make_session_dir(tmp_path / "export", recorded_plans["A"])
+    session = Session(tmp_path / "export", read_only=True)
+    assert not session.export("command").startswith("#") and session.export("overrides") == recorded_plans["A"].to_overrides()
+    # The runner's note where flash-attn is missing (runner/runtime.py writes it into every run's events).
+    store.add_event(c.EV_RUNTIME, "flash-attn is not installed: actor/ref/critic use sdpa attention without remove-padding")
+    for format in ("command", "yaml"):
+        header = [line for line in session.export(format).splitlines() if line.startswith("# ")]
+        assert any("sdpa" in line for line in header) and any("critic loader" in line for line in header), header
+    assert session.export("yaml").split("\n", 2)[2].startswith(recorded_plans["A"].to_yaml().split("\n", 1)[0])
+    with pytest.raises(ValueError, match="unknown export format"):
+        session.export("toml")
+    store.close()

@@ -1,14 +1,13 @@
 """Prometheus endpoint for a session: latest per-GPU sample values and the latest step's timings and throughput.
 
-A custom collector reads the store at scrape time and only its newest rows (by row id), so a scrape costs the same
-an hour into a run as a minute in. Serves on loopback unless told otherwise: the session's numbers are not for the
+A custom collector reads the store at scrape time with the views' own queries (the newest sample per GPU, the newest
+step), so a scrape costs the same an hour into a run as a minute in. Serves on loopback unless told otherwise: the session's numbers are not for the
 whole network by default.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -30,9 +29,6 @@ GPU_GAUGES = {
     "nvlink_tx": ("workbench_gpu_nvlink_tx_mb_per_second", "NVLink data sent (MB/s)"),
     "nvlink_rx": ("workbench_gpu_nvlink_rx_mb_per_second", "NVLink data received (MB/s)"),
 }
-# The newest rows a first scrape looks at; later scrapes read only rows added since. Enough for one sample of
-# every GPU of a 64-node × 8-GPU cluster drained once a second.
-LOOKBACK_ROWS = 8192
 
 
 class StoreCollector:
@@ -40,17 +36,10 @@ class StoreCollector:
 
     def __init__(self, store):
         self.store = store
-        self._lock = threading.Lock()  # scrapes may overlap (threaded server)
-        self._last_sample_id = 0
-        self._latest: dict[tuple[str, int], dict[str, Any]] = {}
 
     def _latest_samples(self) -> list[dict[str, Any]]:
-        with self._lock:
-            since = max(self._last_sample_id, self.store.max_id("samples") - LOOKBACK_ROWS)
-            for row in self.store.rows("samples", since_id=since):
-                self._latest[(row["node"], row["gpu"])] = row
-                self._last_sample_id = row["id"]
-            return list(self._latest.values())
+        # The views' own query: the newest sample per GPU, from the rows of the last minute (an indexed range).
+        return self.store.latest_samples().to_dict("records")
 
     def collect(self) -> Iterator[Metric]:
         rows = self._latest_samples()
