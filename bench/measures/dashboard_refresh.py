@@ -53,7 +53,7 @@ def run(ctx: Context) -> dict:
     gc.collect()
     tracemalloc.start()
     rss0, traced0 = proc.memory_info().rss, tracemalloc.get_traced_memory()[0]
-    ticks, memory = [], []
+    ticks, memory, tick_stages = [], [], []
     t_end = time.monotonic() + live_s
     tick = 0
     while time.monotonic() < t_end:
@@ -62,6 +62,7 @@ def run(ctx: Context) -> dict:
         with Timer() as t:
             d._show(d._read(False))  # what the update task runs each tick (widgets/dashboard.py: _run)
         ticks.append(t.ms)
+        tick_stages.append(dict(d.timings_ms))
         if tick % 20 == 0:
             memory.append({"tick": tick, "rss_mb": proc.memory_info().rss / 2**20,
                            "traced_mb": tracemalloc.get_traced_memory()[0] / 2**20})
@@ -80,7 +81,8 @@ def run(ctx: Context) -> dict:
         details={
             "dashboard_build_ms": build_ms, "first_full_refresh_ms": reps[0]["value"],
             "full_refresh_stage_ms": stage_ms, "live_tick_median_ms": live,
-            "live_tick_max_ms": max(ticks) if ticks else None, "live_ticks": len(ticks), "live_seconds": live_s,
+            "live_tick_max_ms": max(ticks) if ticks else None,
+            "live_tick_stage_median_ms": {k: median(st.get(k) for st in tick_stages) for k in (tick_stages[0] if tick_stages else {})}, "live_ticks": len(ticks), "live_seconds": live_s,
             "rss_growth_mb": (rss1 - rss0) / 2**20, "traced_growth_mb": (traced1 - traced0) / 2**20,
             "traced_peak_mb": traced_peak / 2**20, "memory_samples": memory,
             "store": ctx.store_params(), "store_synthetic": True,
