@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
-from workbench.session import Session
+from workbench.session import ReadOnlySession, Session
 from workbench.tune import STUDY_FILE, grid, tune
 
 TIMEOUT = 120.0
@@ -105,19 +105,20 @@ def test_hot_first_then_restarts_and_a_predicted_oom_is_never_run(home):
         end(session)
 
 
-def test_changes_to_the_algorithm_need_consent(recording, home):
-    session = Session.replay(recording, speed=SPEED, follow=False)
-    try:
-        with pytest.raises(ValueError, match="rollout_logprob_bypass change"):
-            tune(session, knobs={"rollout_logprob_bypass": [True]})
-        assert len(session.commands()) == 0
-    finally:
-        end(session)
+def test_changes_to_the_algorithm_need_consent(recording):
+    viewer = Session(recording, read_only=True)  # refused before anything touches the session
+    with pytest.raises(ValueError, match="rollout_logprob_bypass change"):
+        tune(viewer, knobs={"rollout_logprob_bypass": [True]})
 
 
-def test_a_stopped_session_ends_tuning_at_once(recording, home):
-    session = Session.replay(recording, speed=SPEED, follow=False)
-    session.stop(now=True)
+def test_a_read_only_session_cannot_tune(recording):
+    with pytest.raises(ReadOnlySession):
+        tune(Session(recording, read_only=True), candidates=[{"actor_token_budget": HOT_NEIGHBOUR_BUDGET}])
+
+
+def test_an_ended_session_ends_tuning_at_once(recording, home):
+    session = Session.replay(recording, speed=2000, follow=False)  # the recorded run, over in seconds
+    wait(session, lambda s: s.state == "finished")
     result = tune(session, candidates=[{"actor_token_budget": HOT_NEIGHBOUR_BUDGET}], timeout_s=TIMEOUT)
-    assert result.ended_because == "the session is stopped" and result.best is None
-    assert list(result.trials["state"])[0] == "FAIL"
+    assert result.ended_because == "the session is finished" and result.best is None
+    assert list(result.trials["state"]) == ["FAIL", "PRUNED"]  # baseline not run; the change refused by preview

@@ -114,8 +114,8 @@ def plan_candidates(session: "Session", changes: Iterable[Mapping[str, Any]], *,
         out.append(Candidate(change, preview.mode, prediction, dict(preview.problems)))
 
     def order(c: Candidate) -> tuple:
-        predicted = c.prediction.step_s if c.prediction else math.inf
-        return (c.mode is not None, c.mode == "restart", predicted)
+        group = 0 if not c.change else {"hot": 1, "restart": 2}.get(c.mode, 3)  # refused by preview: last
+        return (group, c.prediction.step_s if c.prediction else math.inf)
 
     return sorted(out, key=order)
 
@@ -204,10 +204,14 @@ def tune(session: "Session", knobs: Mapping[str, Sequence[Any]] | Sequence[str] 
         raise ValueError("give either knobs (a grid) or candidates (a list of changes)")
     if steps_per_trial < 1 or max_trials < 1:
         raise ValueError("steps_per_trial and max_trials must be at least 1")
+    start_values = session.plan.knob_values()
+    changes = grid(knobs, start_values) if knobs is not None else [dict(c) for c in candidates]
+    algorithm = sorted({k for c in changes for k in c} & set(ALGORITHM_KNOBS))
+    if algorithm and not allow_algorithm_changes:
+        raise ValueError(f"{', '.join(algorithm)} change(s) the algorithm, not only its speed: pass "
+                         "allow_algorithm_changes=True to tune them")
     if not session.is_operator:
         session.pause()  # raises ReadOnlySession with the usual message
-    start_values = session.plan.knob_values()
-    changes = grid(knobs, start_values) if knobs is not None else list(candidates)
     ordered = plan_candidates(session, changes, allow_algorithm_changes=allow_algorithm_changes)
     names = sorted({k for c in ordered for k in c.change})
     distributions = {n: optuna.distributions.CategoricalDistribution(
@@ -221,7 +225,7 @@ def tune(session: "Session", knobs: Mapping[str, Sequence[Any]] | Sequence[str] 
     runner = _Trials(session, steps_per_trial, timeout_s)
     rows: list[dict[str, Any]] = []
     ended_because = "every candidate was tried"
-    for candidate in ordered:
+    for index, candidate in enumerate(ordered):
         full = {n: candidate.change.get(n, start_values[n]) for n in names}
         study.enqueue_trial({n: _param(v) for n, v in full.items()})
         trial = study.ask(distributions)
@@ -244,6 +248,8 @@ def tune(session: "Session", knobs: Mapping[str, Sequence[Any]] | Sequence[str] 
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             rows.append({**row, "state": "FAIL", "reason": why})
             ended_because = why
+            rows += [{"trial": None, "change": c.change, "mode": c.mode or "baseline", "state": "PRUNED",
+                      "reason": f"not tried: {why}"} for c in ordered[index + 1:]]
             break
         in_force = session.plan.knob_values()
         outcome = runner.run({n: v for n, v in full.items() if in_force[n] != v})
