@@ -44,7 +44,7 @@ QUICKSTART = dict(
     actor_micro_batch=4, logprob_micro_batch=8, ref_micro_batch=4, critic_micro_batch=4, use_dynamic_bsz=False,
     rollout_gpu_memory=0.4, rollout_tp=1, rollout_enforce_eager=False,
 )
-HOT_PROBE_KNOB = "critic_token_budget"  # for (b) when the advisor proposes no hot change: a harmless budget raise
+HOT_PROBE_KNOB = "critic_token_budget"  # for (b) when the advisor proposes no hot change
 
 
 class Campaign:
@@ -276,8 +276,9 @@ class Campaign:
         if findings:
             changes, source = findings[0].change, f"advisor: {findings[0].rule}"
         else:
-            current = s.knob_values()[HOT_PROBE_KNOB]
-            changes, source = {HOT_PROBE_KNOB: int(current * 2)}, "probe: no hot proposal from the advisor"
+            current = int(s.knob_values()[HOT_PROBE_KNOB])
+            # Halved, not raised: a smaller budget can't run out of memory (the segment it opens is not compared).
+            changes, source = {HOT_PROBE_KNOB: max(4096, current // 2)}, "probe: no hot proposal from the advisor"
         p = s.preview(changes)
         if not p.ok or p.mode != "hot":
             raise RuntimeError(f"not a hot change here: {p.mode} {p.problems}")
