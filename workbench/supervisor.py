@@ -224,6 +224,7 @@ class Supervisor:
         with open(self.dir / c.LOG_DIR / "sampler.log", "ab") as log:
             self.sampler = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, SUPERVISOR_PID_ENV: str(os.getpid())},  # it dies with this supervisor
             )
 
     def _stop_sampler(self) -> None:

@@ -14,6 +14,7 @@ import sys
 import threading
 
 from ..paths import resolve_session_dir
+from ..runner.runtime import die_with_supervisor
 from ..store import Store
 from .nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
 from .sampling import EVENT_KIND, EXIT_NO_NVML, Sampler
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", metavar="RAY_ADDRESS",
                         help="sample every node of this Ray cluster (one pinned actor per node) instead of this machine")
     args = parser.parse_args(argv)
+    die_with_supervisor()  # a supervisor killed with SIGKILL leaves no sampler behind
 
     try:
         store = Store(resolve_session_dir(args.session))
