@@ -187,3 +187,24 @@ def test_session_startup_phases_reads_the_launched_segments_log(tmp_path, monkey
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_vllm_compile_and_cuda_graph_lines_mark_their_phases():
+    """vLLM's own INFO lines for torch.compile (fresh or from the cache) and CUDA graphs, as vLLM 0.2x words them,
+    between two real milestones (the lines are written here in vLLM's format; no such INFO-level log was recorded)."""
+    base = [
+        "2026-12-01 10:00:00,000\tWARNING authentication_token_setup.py:85 -- Token authentication is enabled",
+        "2026-12-01 10:00:03,000\tINFO worker.py:2038 -- Started a local Ray instance.",
+        "(vLLMHttpServer pid=1) (Worker pid=2) INFO 12-01 10:01:00 [gpu_model_runner.py:5160] Starting to load model /m...",
+        "(vLLMHttpServer pid=1) (Worker pid=2) INFO 12-01 10:01:02 [gpu_model_runner.py:5255] Model loading took 0.93 GiB",
+        "{compile}",
+        "(vLLMHttpServer pid=1) (Worker pid=2) INFO 12-01 10:01:40 [gpu_worker.py:508] Available KV cache memory: 54 GiB",
+        "(vLLMHttpServer pid=1) (Worker pid=2) INFO 12-01 10:01:50 [gpu_model_runner.py:4000] Graph capturing finished in 10 secs, took 0.5 GiB",
+        "(TaskRunner pid=3) INFO:2026-12-01 10:01:55,000:all initialize finished, ready to fit",
+    ]
+    fresh = "(vLLMHttpServer pid=1) (Worker pid=2) INFO 12-01 10:01:32 [monitor.py:34] torch.compile takes 30.1 s in total"
+    cached = "(vLLMHttpServer pid=1) (Worker pid=2) INFO 12-01 10:01:08 [backends.py:200] Directly load the compiled graph(s) for dynamic shape from the cache, took 5.1 s"
+    for line, seconds in ((fresh, 30.0), (cached, 6.0)):
+        phases = parse_startup("\n".join(base).replace("{compile}", line), tz=UTC).set_index("phase")["seconds"]
+        assert phases["vLLM torch.compile (or loading it from the compile cache)"] == pytest.approx(seconds)
+        assert phases["vLLM CUDA graph capture"] == pytest.approx(10.0)
