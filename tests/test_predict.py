@@ -13,8 +13,8 @@ from tests.h200_traces import PLANS, frames
 from tests.plan_fixtures import runnable_overrides, tiny_model  # noqa: F401 (fixture)
 from workbench import predict
 from workbench.advisor import measurements
-from workbench.plan import Plan
-from workbench.session import resolve_recording
+from workbench.plan import Plan, PlanError
+from workbench.session import Session, resolve_recording
 from workbench.store import Store
 
 
@@ -134,3 +134,14 @@ def test_budget_scale_from_memory_per_token(runs):
         0.8 * cost.mem_total_gb)
     assert 1.0 < scale < 4.0
     assert not math.isnan(scale)
+
+
+def test_session_predict_calibrates_on_its_own_segments():
+    session = Session(resolve_recording("h200-proof"), read_only=True)  # the plan in force: segment 5's
+    costs = session.segment_costs()
+    assert [c.segment_id for c in costs] == [1, 2, 3, 5]  # 4 crashed before its first step
+    p = session.predict({"fused_kernels": True})
+    assert p.basis_segment == 5  # the plan in force, measured (segment 3 ran it too: the newest wins)
+    assert p.step_s < p.measured_step_s and "fused_kernels" in p.sources
+    with pytest.raises(PlanError):
+        session.predict({"actor_token_budget": 0})

@@ -86,6 +86,10 @@ def test_hot_first_then_restarts_and_a_predicted_oom_is_never_run(home):
         recorded_hot = dict.fromkeys(PROOF_BUDGETS, 32768)
         huge = dict.fromkeys(PROOF_BUDGETS, 1_048_576)
         fused = {"fused_kernels": True}
+        # Preview says it before anything is queued: the huge budgets are predicted to run out of memory.
+        warned = session.preview(huge)
+        assert warned.ok and warned.prediction.oom and "out of memory predicted" in warned.warnings["plan"]
+        assert "plan" not in session.preview(recorded_hot).warnings
         result = tune(session, candidates=[fused, huge, recorded_hot], steps_per_trial=1, max_trials=4,
                       timeout_s=TIMEOUT)
         trials = result.trials.set_index(result.trials["change"].map(lambda c: json.dumps(c, sort_keys=True)))

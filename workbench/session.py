@@ -13,6 +13,7 @@ The handle itself holds no run: kernels can come and go, the supervisor and the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,10 +32,12 @@ import psutil
 
 from . import control as c
 from . import verl_config
-from .advisor import Finding, advise, findings_frame
+from .advisor import Finding, advise, findings_frame, segment_costs
 from .knobs import KNOB_TABLE_COLUMNS, KNOBS, irrelevant_knobs, knob_defaults, knob_rows
 from .paths import new_session_dir, resolve_session_dir, sessions_root
 from .plan import PLAN_PROBLEM, Plan, PlanError
+from .predict import Prediction, closest_cost
+from .predict import predict as predict_plan
 from .store import APPEND_TABLES, POLL_FIELDS, STORE_FILE, Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
@@ -63,6 +66,7 @@ class Preview:
     problems: dict[str, str]
     warnings: dict[str, str] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
+    prediction: Any = None  # workbench.predict.Prediction of the new plan, when a segment measured enough steps
 
     @property
     def ok(self) -> bool:
@@ -430,7 +434,7 @@ class Session:
                 for d in current.diff(new) if d["knob"] is not None]
         if not diff:
             return _refusal(changes, NO_CHANGE)
-        return Preview(changes, current.apply_class(new), diff, {})
+        return self._with_prediction(Preview(changes, current.apply_class(new), diff, {}), new)
 
     def apply(self, changes: dict[str, Any] | None, wait: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> ApplyResult:
         """Apply a change: returns at once with a handle (see ApplyResult). Bad changes raise PlanError (with
@@ -697,6 +701,39 @@ class Session:
         return parse_startup(read_log(self.dir / c.LOG_DIR / f"segment-{launched}.log"),
                              launched_at=rows[launched]["started_at"],
                              first_step_end=float(first.min()) if len(first) else None)
+
+    # ----------------------------------------------------------------- what-if and live tuning (predict.py, tune.py)
+    def segment_costs(self) -> list:
+        """The what-if model's calibration: each segment with enough measured steps (cached until a new step)."""
+        newest = self._store.max_id("steps")
+        if getattr(self, "_costs", (None,))[0] != newest:
+            knobs = {row["id"]: self._knobs_of(row["plan_json"]) for row in self._store.rows("segments")}
+            self._costs = (newest, segment_costs(self.steps(), self.samples(), knobs))
+        return self._costs[1]
+
+    def predict(self, changes: dict[str, Any]) -> Prediction | None:
+        """The plan in force with `changes`: step time per phase and peak GPU memory, with an uncertainty, from
+        the measured segment nearest to it (None before any segment measured enough steps). PlanError for bad
+        changes. `prediction.frame()` is the per-phase table, `prediction.text` one line."""
+        return self._predict(self.plan.with_changes(changes).knob_values())
+
+    def _predict(self, values: dict[str, Any]) -> Prediction | None:
+        basis = closest_cost(self.segment_costs(), values)
+        return predict_plan(basis, values) if basis is not None else None
+
+    def _with_prediction(self, preview: Preview, new: Plan) -> Preview:
+        prediction = self._predict(new.knob_values())
+        if prediction is None:
+            return preview
+        return dataclasses.replace(preview, prediction=prediction, warnings={**preview.warnings,
+                                                                             **prediction.warnings})
+
+    def tune(self, knobs: Any = None, **options: Any):
+        """Live auto-tune over knob values or candidate changes (see workbench.tune.tune); returns a TuneResult
+        whose `trials` is a DataFrame; the best plan stays in force."""
+        from .tune import tune
+
+        return tune(self, knobs, **options)
 
 
 _NOT_A_ROLE = {"driver", "other", "agent_loop"}

@@ -25,18 +25,17 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import optuna
 import pandas as pd
 
 from . import predict as what_if
-from .advisor import segment_costs
 from .knobs import ALGORITHM_KNOBS, KNOBS
-from .plan import Plan, PlanError
+from .plan import PlanError
 
-if TYPE_CHECKING:
-    from .session import Session
+# `session` below is a workbench.session.Session (not imported: Session.tune imports this module).
+Session = Any
 
 STUDY_FILE = "tune.sqlite3"
 POLL_S = 0.2
@@ -88,7 +87,7 @@ def grid(knobs: Mapping[str, Sequence[Any]] | Sequence[str], values: Mapping[str
     return [{n: v for n, v in zip(names, combo) if v != values[n]} for combo in itertools.product(*options)]
 
 
-def plan_candidates(session: "Session", changes: Iterable[Mapping[str, Any]], *,
+def plan_candidates(session: Session, changes: Iterable[Mapping[str, Any]], *,
                     allow_algorithm_changes: bool = False) -> list[Candidate]:
     """The candidates in trial order, each previewed and predicted: baseline, hot ones, then restart-class ones by
     predicted step time (those without a prediction last)."""
@@ -99,7 +98,7 @@ def plan_candidates(session: "Session", changes: Iterable[Mapping[str, Any]], *,
                          "allow_algorithm_changes=True to tune them")
     plan = session.plan
     values = plan.knob_values()
-    costs = session_costs(session)
+    costs = session.segment_costs()
     out, seen = [Candidate({}, None, None, {})], [{}]
     for change in changes:
         change = {k: v for k, v in change.items() if values.get(k) != v}
@@ -120,12 +119,6 @@ def plan_candidates(session: "Session", changes: Iterable[Mapping[str, Any]], *,
     return sorted(out, key=order)
 
 
-def session_costs(session: "Session") -> list[what_if.SegmentCost]:
-    segments = session._store.rows("segments")
-    knobs = {row["id"]: Plan.from_json(row["plan_json"]).knob_values() for row in segments}
-    return segment_costs(session.steps(), session.samples(), knobs)
-
-
 def _param(value: Any) -> Any:
     """An Optuna categorical choice: None, bool, int, float or str (lists and dicts as JSON)."""
     return value if value is None or isinstance(value, (bool, int, float, str)) else json.dumps(value, sort_keys=True)
@@ -134,7 +127,7 @@ def _param(value: Any) -> Any:
 class _Trials:
     """The running session seen from the tuner: applies a candidate and measures the segment it ran in."""
 
-    def __init__(self, session: "Session", steps_per_trial: int, timeout_s: float):
+    def __init__(self, session: Session, steps_per_trial: int, timeout_s: float):
         self.session = session
         self.steps_per_trial = steps_per_trial
         self.timeout_s = timeout_s
@@ -196,7 +189,7 @@ class _Trials:
         return None
 
 
-def tune(session: "Session", knobs: Mapping[str, Sequence[Any]] | Sequence[str] | None = None, *,
+def tune(session: Session, knobs: Mapping[str, Sequence[Any]] | Sequence[str] | None = None, *,
          candidates: Iterable[Mapping[str, Any]] | None = None, steps_per_trial: int = 3, max_trials: int = 8,
          allow_algorithm_changes: bool = False, timeout_s: float = 1800.0, study_name: str | None = None) -> TuneResult:
     """Try plans on the live session (see the module's docstring) and keep the fastest in force."""
