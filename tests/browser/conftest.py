@@ -136,7 +136,7 @@ CHART_POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot
 def open_dashboard(browser, url: str, *, root: str = ".wb-dashboard"):
     """A new page on url, once the dashboard's knob editors (built from the session's first read) are there."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
-    page.goto(url)
+    page.goto(url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_selector(f"{root} .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
     return page
 
@@ -146,10 +146,11 @@ def chart_points(page) -> int:
 
 
 def wait_until(condition, timeout: float, what: str, poll: float = 0.5):
+    """The condition's first result that is neither None, False nor 0 (a DataFrame counts as a result)."""
     deadline = time.time() + timeout
     while True:
         value = condition()
-        if value:
+        if value is not None and not (isinstance(value, (bool, int, float, str)) and not value):
             return value
         if time.time() > deadline:
             raise AssertionError(f"not within {timeout:.0f} s: {what}")
@@ -163,6 +164,15 @@ def set_slider(page, knob: str, value: int) -> None:
     page.keyboard.press("Control+A")
     page.keyboard.type(str(value))
     page.keyboard.press("Enter")
+    readout.blur()
+
+
+def set_budgets(page, value: int) -> None:
+    """Every token budget to `value`; ref_token_budget is off in a plan without a reference policy, so the
+    operator first asks to edit such knobs too (the recorded change moved all four together)."""
+    page.locator(".wb-edit-irrelevant input").check()
+    for knob in BUDGETS:
+        set_slider(page, knob, value)
 
 
 def store_commands(home: Path, session_id: str):

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tests.browser.conftest import (
-    BUDGETS, PAGE_TIMEOUT_MS, chart_points, screenshot, set_slider, store_commands, wait_until,
+    BUDGETS, set_budgets, PAGE_TIMEOUT_MS, chart_points, screenshot, set_slider, store_commands, wait_until,
 )
 from workbench.cli.serve import free_port
 
@@ -71,7 +71,7 @@ def lab(tmp_path):
 
 def test_lab_dashboard_updates_live_and_applies(lab, browser):
     page = browser.new_page(viewport={"width": 1600, "height": 1200})
-    page.goto(lab["url"])
+    page.goto(lab["url"], wait_until="commit", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
                            ".jp-Toolbar-kernelStatus:has-text('Idle')", timeout=PAGE_TIMEOUT_MS)
@@ -85,12 +85,12 @@ def test_lab_dashboard_updates_live_and_applies(lab, browser):
 
     session = lab["session"]
     before = len(store_commands(lab["home"], session.id))
-    for knob in BUDGETS:
-        set_slider(page, knob, 32768)
+    set_budgets(page, 32768)
+    wait_until(lambda: all(knob in page.inner_text(".wb-diff") for knob in BUDGETS), 120, "all four budgets in the diff")
     apply = page.locator(".wb-apply")
-    wait_until(lambda: apply.is_enabled(), 30, "Apply enabled for a valid change")
+    wait_until(lambda: apply.is_enabled(), 60, "Apply enabled for a valid change")
     apply.click()
-    commands = wait_until(lambda: len(c := store_commands(lab["home"], session.id)) > before and c, 30,
+    commands = wait_until(lambda: c if len(c := store_commands(lab["home"], session.id)) > before else None, 30,
                           "the apply command in the store")
     assert commands[commands.kind == "apply"].iloc[-1].payload["changes"] == {knob: 32768 for knob in BUDGETS}
     page.wait_for_selector(".wb-events-log:has-text('applied')", timeout=180_000)

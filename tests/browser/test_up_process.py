@@ -17,7 +17,7 @@ def test_up_serves_the_page_and_stops_clean(browser, tmp_path, sig):
         assert "replaying the recorded H200 session 'h200-proof'" in up.output
         assert up.operator_url.startswith("http://127.0.0.1:") and f"session={up.session_id}" in up.operator_url
         page = browser.new_page()
-        page.goto(up.viewer_url)
+        page.goto(up.viewer_url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)
         page.wait_for_selector(".wb-dashboard", timeout=PAGE_TIMEOUT_MS)
         screenshot(page, f"up_viewer_{sig.name}")
         procs = up.processes()

@@ -6,7 +6,7 @@ so verl's recorded start-up (~65 s here) leaves time to queue a hot change befor
 import pytest
 
 from tests.browser.conftest import (
-    BUDGETS, Up, chart_points, open_dashboard, screenshot, set_slider, store_commands, wait_until,
+    BUDGETS, set_budgets, Up, chart_points, open_dashboard, screenshot, set_slider, store_commands, wait_until,
 )
 
 pytestmark = pytest.mark.browser
@@ -33,15 +33,14 @@ def test_apply_budgets_queues_the_command_and_the_applied_event_shows(up, browse
     page = open_dashboard(browser, up.operator_url)
     before = len(store_commands(up.home, up.session_id))
     # The recording's hot neighbour: every budget 4096 -> 32768 (a replay can apply what it recorded).
-    for knob in BUDGETS:
-        set_slider(page, knob, 32768)
-    page.wait_for_selector(".wb-diff:has-text('32768')", timeout=30_000)
+    set_budgets(page, 32768)
+    wait_until(lambda: all(knob in page.inner_text(".wb-diff") for knob in BUDGETS), 120, "all four budgets in the diff")
     apply = page.locator(".wb-apply")
-    wait_until(lambda: apply.is_enabled(), 30, "Apply enabled for a valid change")
+    wait_until(lambda: apply.is_enabled(), 60, "Apply enabled for a valid change")
     screenshot(page, "voila_apply_pending")
     apply.click()
-    commands = wait_until(lambda: (c := store_commands(up.home, up.session_id)) is not None and len(c) > before and c,
-                          30, "the apply command in the store")
+    commands = wait_until(lambda: c if len(c := store_commands(up.home, up.session_id)) > before else None,
+                          60, "the apply command in the store")
     applied = commands[commands.kind == "apply"].iloc[-1]
     assert applied.payload["changes"] == {knob: 32768 for knob in BUDGETS}
     page.wait_for_selector(".wb-events-log:has-text('applied')", timeout=180_000)
