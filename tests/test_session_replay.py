@@ -287,6 +287,7 @@ def test_a_replay_run_copies_its_window_and_leaves_out_recorded_control(recordin
     store.close()
 
     session = Store(tmp_path / "session")
+    (tmp_path / "session" / "operator.token").write_text("token")  # the run checks its directives' signatures
     segment = session.begin_segment(recorded_plans["A"].to_json())
     factory = replay_factory(tmp_path / "session", source, speed=2000, follow=False)
     started = time.time()

@@ -299,7 +299,7 @@ class ReplayRun:
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
         resume_step: int | None, speed: float, crash_due: Callable[[int], bool], operator: RecordedOperator | None,
-        ready: Callable[[], None] = lambda: None,
+        ready: threading.Event,
     ):
         self._store = store
         self._recording = recording
@@ -359,7 +359,11 @@ class ReplayRun:
         self._log.flush()
 
     def _play(self) -> int:
-        self._ready()
+        while not self._ready.wait(TICK_S):
+            if self._killed.is_set():
+                raise _Killed()
+        for recorded in self._recording.segments:
+            recorded.knobs  # noqa: B018 (parsed before playing, so that a change's check finds them parsed)
         segment = self._recording.segment_for(self._plan, after_step=self._resume_step)
         if segment is None:
             raise RuntimeError(NO_RECORDED_SEGMENT)
@@ -497,8 +501,9 @@ class ReplayFactory:
         self.store = Store(self.session_dir)
         self.speed = speed
         self._crash_at_step = crash_at_step
-        # Called before a run plays: the supervisor makes it wait until its process has imported verl.
-        self.ready: Callable[[], None] = lambda: None
+        # Set when runs may play: the supervisor holds them until its process has imported verl.
+        self.ready = threading.Event()
+        self.ready.set()
         self.operator = None
         if follow:
             token = (self.session_dir / c.TOKEN_FILE).read_text().strip()
@@ -511,17 +516,12 @@ class ReplayFactory:
         self._crash_at_step = None
         return True
 
-    def _ready(self) -> None:
-        self.ready()
-        for segment in self.recording.segments:
-            segment.knobs  # noqa: B018 (parsed once here, so that a change's check finds them parsed)
-
     def __call__(self, segment_id: int, plan: Plan, env: dict[str, str]) -> ReplayRun:
         # `env` tells a live relaunch how to resume verl's weights; a replay has none to load.
         resume_step = self.store.segment(segment_id)["resumed_from_step"]
         return ReplayRun(
             self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
-            self.operator, self._ready,
+            self.operator, self.ready,
         )
 
 

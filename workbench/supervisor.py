@@ -170,14 +170,17 @@ class Supervisor:
         self.ray = SessionRayCluster(session_dir)
         # verl's first import and a plan's first composition cost seconds: pay them now, beside the run's start, not
         # when the first change comes (it must reach the next step boundary).
-        self.warm = threading.Thread(target=self._warm, name="warm-verl", daemon=True)
-        self.warm.start()
+        self.warmed = threading.Event()
+        threading.Thread(target=self._warm, name="warm-verl", daemon=True).start()
 
     def _warm(self) -> None:
-        verl_config.warm()
-        initial = self.store.meta().get("initial_plan")
-        if initial:
-            Plan.from_json(initial).knob_values()
+        try:
+            verl_config.warm()
+            initial = self.store.meta().get("initial_plan")
+            if initial:
+                Plan.from_json(initial).knob_values()
+        finally:
+            self.warmed.set()
 
     # ----------------------------------------------------------------- helpers
     def state(self) -> str:
@@ -647,7 +650,7 @@ def _start(argv: list[str] | None) -> Supervisor:
     if args.replay is not None:
         # Importing verl holds the interpreter for tenths of a second at a time: the replay starts playing at its
         # recorded pace once it has ended (a live run's own start-up takes minutes, beside which it runs unnoticed).
-        run_factory.ready = supervisor.warm.join
+        run_factory.ready = supervisor.warmed
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
     return supervisor
