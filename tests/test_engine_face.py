@@ -180,6 +180,10 @@ def test_samples_are_aggregated_in_sql_per_bucket_and_gpu(quiet):
     assert first["mem_used_max"] == 1009.0 and math.isnan(first["power_w"])
     window = session.samples(window_s=3.0, every_s=1.0, gpus=[0])
     assert set(window["gpu"]) == {0} and window["t"].min() >= t0 + 6 and window["t"].max() == t0 + 9
+    only = session.samples(every_s=2.0, metrics=["util"])
+    assert list(only.columns) == ["t", "node", "gpu", "n", "util", "util_min", "util_max"] and set(only["n"]) == {20}
+    with pytest.raises(ValueError, match="unknown sample metrics"):
+        session.samples(every_s=1.0, metrics=["utilisation"])
     assert len(session.samples(window_s=3.0, gpus=[1])) == 30  # raw rows of the window
     assert len(session.samples()) == 200
     latest = session.latest_samples()

@@ -108,6 +108,12 @@ class ApplyResult:
     def refresh(self) -> "ApplyResult":
         command = self._session._store.command(self.command_id)
         self._read(command["state"], json.loads(command["result"]) if command["result"] else None)
+        if not self.done and not self._session._supervisor_alive():
+            # Nobody is left to carry it out (the supervisor failed where its store could not say so, or is gone
+            # and no operator handle has marked it yet): it was not applied, whatever the store still says.
+            session = self._session
+            why = session.failure or f"session {session.id} is {session.state}"
+            self._read(c.NOT_APPLIED, {"message": f"the supervisor is gone: {why}"})
         return self
 
     def _read(self, state: str, result: Any) -> None:
@@ -542,14 +548,14 @@ class Session:
 
     def samples(
         self, since_id: int = 0, *, window_s: float | None = None, every_s: float | None = None,
-        gpus: Iterable[int] | None = None,
+        gpus: Iterable[int] | None = None, metrics: Iterable[str] | None = None,
     ) -> pd.DataFrame:
         """GPU samples. With every_s: aggregated in SQL per bucket of every_s seconds and GPU (t = bucket start,
-        node, gpu, n, and per metric m: m (mean), m_min, m_max). window_s: only the last that many seconds before
-        the newest sample; gpus: only these GPU indices. With neither every_s, window_s nor gpus: every raw row
-        after since_id."""
+        node, gpu, n, and per metric m: m (mean), m_min, m_max; metrics: only these, default all — each costs
+        time per row). window_s: only the last that many seconds before the newest sample; gpus: only these GPU
+        indices. With neither every_s, window_s nor gpus: every raw row after since_id."""
         if every_s is not None:
-            return self._store.sample_buckets(every_s, window_s=window_s, gpus=gpus)
+            return self._store.sample_buckets(every_s, window_s=window_s, gpus=gpus, metrics=metrics)
         if window_s is not None or gpus is not None:
             return self._store.samples_window(window_s, gpus)
         return self._store.frame("samples", since_id)
