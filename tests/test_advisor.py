@@ -80,9 +80,9 @@ CASES = {
     # SYNTHETIC: an actor update at 60 % of the step with the fused run's MFU (14 %): batching, not the loop.
     "actor_bound_fused": lambda: _case(synthetic_steps({"update_actor": 6.0, "gen": 1.0}, **{"perf/mfu/actor": 0.14}),
                                        synthetic_samples({0: {}}), "synthetic"),
-    # SYNTHETIC: the quickstart's MFU with a trainer already holding 60 GiB at 8 192-token micro batches: the fused
+    # SYNTHETIC: the quickstart's MFU with a trainer already holding 70 GiB at 8 192-token micro batches: the fused
     # run's 32 768-token budgets would not fit, so only the kernels are proposed.
-    "loop_no_room": lambda: _case(synthetic_steps(**{"perf/mfu/actor": 0.013, "actor/perf/max_memory_reserved_gb": 60.0}),
+    "loop_no_room": lambda: _case(synthetic_steps(**{"perf/mfu/actor": 0.013, "actor/perf/max_memory_reserved_gb": 70.0}),
                                   synthetic_samples({0: {"mem_used": 0.5 * H200_MEM_TOTAL_MIB}}), "A"),
     # SYNTHETIC: no recording has a critic this heavy (the real ones: 0.12–0.20 of the actor's time).
     "critic_heavy": lambda: _case(synthetic_steps({"values": 1.0, "update_critic": 2.0}),
