@@ -35,7 +35,7 @@ import pytest
 from workbench import control as c
 from workbench.paths import new_session_dir
 from workbench.plan import Plan
-from workbench.session import Session, process_alive, resolve_recording
+from workbench.session import HANDLE_FINAL, Session, process_alive, resolve_recording
 from workbench.store import Store, StoreError
 
 pytestmark = pytest.mark.slow
@@ -437,3 +437,69 @@ def test_a_run_whose_supervisor_is_gone_does_not_start():
     done = subprocess.run([sys.executable, "-c", FAKE_RUN], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
                           env={**os.environ, "PYTHONPATH": str(REPO), "WORKBENCH_SUPERVISOR_PID": "1"})
     assert done.returncode != 0 and "is gone: not starting" in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------ commands can't vanish
+HOT_CHANGE = {name: 32768 for name in ("actor_token_budget", "logprob_token_budget", "ref_token_budget",
+                                       "critic_token_budget")}  # h200-proof's recorded hot change
+# h200-proof's recorded restart (from the plan before its hot change: both at once, a restart-class change)
+RESTART_CHANGE = {**HOT_CHANGE, "critic_lora_rank": 8, "trainer_mode": "colocate_async"}
+
+
+def _change_then(then: str, change: dict) -> tuple[str, str, str]:
+    """Apply a change to a replay of h200-proof, then do `then` to the session; the change's final state and words."""
+    crash = {"crash": 3}.get(then)
+    # 10×: a step every ~1.2 s, 9 steps in the first recorded segment: time to act before the run ends.
+    session = Session.replay("h200-proof", speed=10, follow=False, crash_at_step=crash)
+    try:
+        session.wait_for_step(2, timeout=TIMEOUT)
+        # A crash may come before the supervisor answers: then it refuses (no run), which is an answer too.
+        handle = session.apply(change)
+        if not crash:  # a loaded machine may take its time to check the change: TIMEOUT, not apply's 30 s
+            handle.wait(timeout=TIMEOUT, until=("accepted", "restarting", *HANDLE_FINAL))
+        if then == "stop now":
+            session.stop(now=True)
+        elif then == "stop":
+            session.stop()
+        elif then == "kill -9 supervisor":
+            os.kill(int(session.meta["supervisor_pid"]), signal.SIGKILL)
+            session.wait_until(lambda s: s.state == c.LOST, timeout=TIMEOUT, poll=0.05)  # the watchdog's look
+        handle.wait(timeout=TIMEOUT)
+        return then, handle.state, handle.message
+    finally:
+        session.stop(now=True)
+        session.close()
+
+
+def test_an_accepted_change_ends_applied_or_not_applied_with_the_reason(home):
+    """Whatever happens after a change was accepted, its handle ends applied (with the step) or not_applied (with
+    why): never accepted for ever."""
+    jobs = [(then, HOT_CHANGE) for then in ("nothing", "stop now", "stop", "crash", "kill -9 supervisor")]
+    jobs += [(then, RESTART_CHANGE) for then in ("nothing", "kill -9 supervisor")]
+    with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
+        results = list(pool.map(lambda job: (job[1] is RESTART_CHANGE, *_change_then(*job)), jobs))
+    print("\nchanges:", *(f"{'restart' if restart else 'hot'} + {then}: {state} ({message})"
+                         for restart, then, state, message in results), sep="\n  ")
+    reasons = {"stop now": "stop", "stop": "stop", "crash": "crash", "kill -9 supervisor": "gone"}
+    for restart, then, state, message in results:
+        assert state in ("applied", "resumed", "not_applied") or (then, state) == ("crash", "refused"), (then, message)
+        if then == "nothing":
+            assert state == ("resumed" if restart else "applied"), (then, state, message)
+        if then == "kill -9 supervisor":
+            assert state == "not_applied", (then, state, message)
+        if state in ("not_applied", "refused"):
+            assert reasons[then] in message or "no run" in message, (then, message)
+
+
+def test_a_stop_that_meets_a_crash_ends_stopped(home):
+    """stop() sent just before a step that crashes: the session ends stopped (the crash in its events) and its
+    supervisor exits, instead of waiting for a rollback for ever."""
+    session = Session.replay("h200-proof", speed=10, follow=False, crash_at_step=3)
+    try:
+        session.wait_for_step(2, timeout=TIMEOUT)
+        said = session.stop(timeout=TIMEOUT)
+        assert session.state == c.STOPPED, said
+        assert not process_alive(int(session.meta["supervisor_pid"]))
+        assert c.EV_CRASH in set(session.events()["kind"])
+    finally:
+        session.close()
