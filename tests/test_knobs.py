@@ -149,3 +149,11 @@ def test_only_the_bypass_is_marked_as_changing_the_algorithm():
 
     assert ALGORITHM_KNOBS == ("rollout_logprob_bypass",)
     assert KNOBS["rollout_logprob_bypass"].help.startswith("CHANGES THE ALGORITHM")
+
+
+def test_the_backend_means_nothing_without_fused_kernels():
+    from workbench.knobs import irrelevant_knobs, knob_defaults
+
+    roles = verl_config.roles_in_use(verl_config.default_config())
+    assert "fused_kernel_backend" in irrelevant_knobs(knob_defaults(), roles)
+    assert "fused_kernel_backend" not in irrelevant_knobs({**knob_defaults(), "fused_kernels": True}, roles)

@@ -369,6 +369,8 @@ def irrelevant_knobs(values: dict[str, Any], roles: Any) -> dict[str, str]:
         why.update(dict.fromkeys(_CRITIC_KNOBS, "this plan runs no critic"))
     if not roles.reward_model:
         why["reward_gpus"] = "this plan runs no reward model (reward.reward_model.enable is false)"
+    if not values["fused_kernels"]:
+        why["fused_kernel_backend"] = "used only with fused_kernels on"
     return why
 
 
