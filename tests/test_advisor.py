@@ -80,6 +80,8 @@ CASES = {
     # SYNTHETIC: an actor update at 60 % of the step with the fused run's MFU (14 %): batching, not the loop.
     "actor_bound_fused": lambda: _case(synthetic_steps({"update_actor": 6.0, "gen": 1.0}, **{"perf/mfu/actor": 0.14}),
                                        synthetic_samples({0: {}}), "synthetic"),
+    # SYNTHETIC: colocate_async's overlapped generation (H200: timing_s/gen 0.19 s), below one 2 s poll.
+    "gen_overlapped": lambda: _case(synthetic_steps({"gen": 0.19}), synthetic_samples({0: {}}), "synthetic"),
     # SYNTHETIC: the quickstart's MFU with a trainer already holding 70 GiB at 8 192-token micro batches: the fused
     # run's 32 768-token budgets would not fit, so only the kernels are proposed.
     "loop_no_room": lambda: _case(synthetic_steps(**{"perf/mfu/actor": 0.013, "actor/perf/max_memory_reserved_gb": 70.0}),
@@ -181,7 +183,7 @@ SILENT = [("rollout-bound", "A"), ("rollout-bound", "B"), ("critic-heavy", "A"),
           ("weight-sync", "B"), ("pcie-offload", "pcie_no_offload"), ("pcie-offload", "pcie_offload_quiet"),
           ("logprob-loop", "fused_C"), ("logprob-loop", "fused_D"), ("logprob-loop", "actor_bound_fused"),
           ("checkpointing-headroom", "B"), ("checkpointing-headroom", "fused_C"),
-          ("gen-on-poll-grid", "B"), ("gen-on-poll-grid", "headroom")]
+          ("gen-on-poll-grid", "B"), ("gen-on-poll-grid", "headroom"), ("gen-on-poll-grid", "gen_overlapped")]
 
 
 def test_every_rule_has_a_firing_and_a_silent_case():
