@@ -147,8 +147,10 @@ class _Trials:
         segment = self._last_segment()
         fresh = self._segment_row(segment).get("reason") != "hot apply"
         if change:
-            handle = self.session.apply(change)
-            handle.wait(timeout=self.timeout_s)
+            try:
+                handle = self.session.apply(change).wait(timeout=self.timeout_s)
+            except (PlanError, TimeoutError) as error:  # refused now (e.g. a restart under way) or no answer
+                return {"state": "FAIL", "reason": str(error)}
             if handle.state not in ("applied", "resumed"):
                 return {"state": "FAIL", "reason": handle.message}
             last, fresh = segment, handle.mode != "hot"
