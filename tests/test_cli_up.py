@@ -58,3 +58,9 @@ def test_follow_ends_with_the_session(home):
     text = out.getvalue()
     assert "step    8" in text
     assert f"session {session.id} is finished" in text
+
+
+def test_the_dashboard_notebook_is_found_where_the_package_lives():
+    from workbench.cli.serve import DASHBOARD_NOTEBOOK, notebooks_dir
+
+    assert (notebooks_dir() / DASHBOARD_NOTEBOOK).is_file()
