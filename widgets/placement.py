@@ -59,9 +59,9 @@ def placement_rows(placement: pd.DataFrame, memory: dict[int, tuple[float, float
         cells = []
         for role in ROLES:
             if role in planned:
-                cells.append("✓ planned · ● running" if role in actual else "✓ planned")
+                cells.append("✓ ●" if role in actual else "✓")
             else:
-                cells.append("● running (not planned)" if role in actual else "")
+                cells.append("● not planned" if role in actual else "")
         others = sorted(actual - set(ROLES))
         used, total = memory.get(int(rec["gpu"]), (float("nan"), float("nan")))
         rows.append([rec["gpu"], *cells, ", ".join(others), f"{_gb(used)} / {_gb(total)} GB",
@@ -92,8 +92,11 @@ class PlacementPanel:
         grid = table(["GPU", *ROLES, "other roles", "GPU memory used / total", "session processes",
                       "per process"], rows,
                      css="wb-table wb-placement-table", row_classes=classes)
-        warn = "".join(f"<div class='wb-warning'>⚠ {html.escape(w)}</div>" for w in warnings)
-        return grid, warn or "<span class='wb-muted'>Actual placement matches the plan.</span>"
+        warn = "<div class='wb-muted'>✓ planned here · ● its processes seen here</div>" + "".join(
+            f"<div class='wb-warning'>⚠ {html.escape(w)}</div>" for w in warnings)
+        if not warnings:
+            warn += "<div class='wb-muted'>Actual placement matches the plan.</div>"
+        return grid, warn
 
     def show(self, payload) -> None:
         grid, warn = payload

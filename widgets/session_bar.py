@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import time
 
 import ipywidgets as W
 
@@ -78,8 +79,11 @@ class SessionBar:
         meta = feed.meta
         kind = meta.get("kind", "live")
         if kind == "replay":
+            recorded = meta.get("recorded_at")
+            recorded = time.strftime("%Y-%m-%d", time.localtime(recorded)) if isinstance(recorded, (int, float)) \
+                else meta.get("date", "")
             origin = (f"replay of {html.escape(str(meta.get('recording', '?')).rsplit('/', 1)[-1])} "
-                      f"(recorded {html.escape(str(meta.get('recorded_at') or meta.get('date') or ''))}"
+                      f"(recorded {html.escape(str(recorded))}"
                       f" on {html.escape(str(meta.get('gpu_name', 'a GPU')))}; ×{fmt(meta.get('speed'))} speed)")
         else:
             origin = "live"

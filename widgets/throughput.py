@@ -7,7 +7,9 @@ import ipywidgets as W
 import numpy as np
 import pandas as pd
 
-from .charts import downsample, event_marks, segment_lines, sync_page_state, time_figure
+from .charts import (
+    downsample, event_marks, minutes_before, segment_lines, sync_page_state, time_axis_title, time_figure,
+)
 from .common import assign, heading, table
 
 SERIES = (  # step metric -> (legend name, axis, scale)
@@ -47,13 +49,15 @@ class ThroughputPanel:
         payload = {}
         steps = feed.steps
         if news & {"steps", "events", "segments"} and len(steps):
-            x = steps["t"].to_numpy(dtype=np.float64) * 1000.0
+            t1 = float(steps["t"].iloc[-1])
+            x = minutes_before(steps["t"].to_numpy(dtype=np.float64), t1)
             lines = []
             for column, _, _, scale in SERIES:
                 y = steps[column].to_numpy(dtype=np.float64) * scale if column in steps else np.full(len(x), np.nan)
                 lines.append(downsample(x, y))
-            t0, t1 = float(steps["t"].iloc[0]) - 60.0, float(steps["t"].iloc[-1]) + 60.0
-            payload["chart"] = (lines, event_marks(feed.events, t0, t1), segment_lines(feed.segments, t0, t1))
+            t0 = float(steps["t"].iloc[0]) - 60.0
+            payload["chart"] = (lines, event_marks(feed.events, t0, t1), segment_lines(feed.segments, t0, t1),
+                                time_axis_title(t1))
         if "segments" in news and len(feed.segments):
             rows, classes = segment_rows(feed.segments)
             payload["table"] = table([h for _, h in SEGMENT_COLUMNS], rows, row_classes=classes,
@@ -62,11 +66,12 @@ class ThroughputPanel:
 
     def show(self, payload) -> None:
         if "chart" in payload:
-            lines, (mx, my, mtext), shapes = payload["chart"]
+            lines, (mx, my, mtext), shapes, x_title = payload["chart"]
             with self.fig.batch_update():
                 for trace, (x, y) in zip(self.fig.data[1:], lines):
                     trace.x, trace.y = x, y
                 self.fig.data[0].x, self.fig.data[0].y, self.fig.data[0].text = mx, my, mtext
                 self.fig.layout.shapes = shapes
+                self.fig.layout.xaxis.title.text = x_title
         if "table" in payload:
             assign(self.segments, value=payload["table"])

@@ -12,7 +12,9 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from .charts import downsample, event_marks, segment_lines, sync_page_state, time_figure
+from .charts import (
+    downsample, event_marks, minutes_before, segment_lines, sync_page_state, time_axis_title, time_figure,
+)
 from .common import heading
 
 # metric column -> (label, unit, scale from the stored unit)
@@ -65,7 +67,7 @@ class UtilizationPanel:
             multi = "node" in samples and samples["node"].nunique() > 1
             for key, group in samples.groupby(["node", "gpu"] if multi else ["gpu"], sort=True):
                 name = f"{key[0]}:GPU {key[1]}" if multi else f"GPU {key[0]}"
-                x = group["t"].to_numpy(dtype=np.float64) * 1000.0
+                x = minutes_before(group["t"].to_numpy(dtype=np.float64), t1)
                 y = group[metric].to_numpy(dtype=np.float64) * scale if metric in group else np.full(len(x), np.nan)
                 lines[name] = downsample(x, y)
         else:
@@ -73,10 +75,10 @@ class UtilizationPanel:
         t0 = t1 - window_s
         marks = event_marks(feed.events, t0, t1)
         shapes = segment_lines(feed.segments, t0, t1)
-        return label, unit, lines, marks, shapes, (t0 * 1000.0, t1 * 1000.0)
+        return label, unit, lines, marks, shapes, (-window_s / 60.0, 0.0), time_axis_title(t1)
 
     def show(self, payload) -> None:
-        label, unit, lines, (mx, my, mtext), shapes, x_range = payload
+        label, unit, lines, (mx, my, mtext), shapes, x_range, x_title = payload
         fig = self.fig
         new = [name for name in lines if name not in self.gpu_traces]
         for name in new:  # a GPU seen for the first time gets its line (rare: at start-up)
@@ -90,6 +92,7 @@ class UtilizationPanel:
             events = fig.data[0]
             events.x, events.y, events.text = mx, my, mtext
             fig.layout.xaxis.range = x_range
+            fig.layout.xaxis.title.text = x_title
             fig.layout.title.text = f"{label} per GPU ({unit})"
             fig.layout.yaxis.title.text = unit
             if shapes != self._shapes:
