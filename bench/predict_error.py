@@ -3,7 +3,8 @@
 Each pair predicts a target segment's median step time (warm-up step left out) from a source segment of another
 plan, never reading the target's steps; the error is (predicted - measured) / measured. Sources and targets are
 real H200 measurements only:
-- the workbench's recorded sessions (workbench/assets/recordings: h200-proof, h200-lora-critic-sync, 2026-11-30);
+- the workbench's recorded sessions (workbench/assets/recordings: h200-proof, h200-lora-critic-sync, 2026-11-30;
+  h200-tuning, 2026-12-01);
 - the plain-verl reference runs (tests/data: h200_2026-11-30 quickstart A and tuned B, h200_fused_logprob_2026-12-01
   quickstart, fused C and fused + 8 agent workers D), with the plans their scripts ran (tests/h200_traces.py).
 Some of predict.py's priors were read off the same runs (the fused-kernel factor from 2026-12-01 A → C, the LoRA
@@ -49,6 +50,8 @@ PAIRS = [
     ("h200-proof#2", "h200-proof#3", True), ("h200-proof#3", "h200-proof#5", False),
     ("h200-proof#2", "h200-lora-critic-sync#1", True), ("h200-lora-critic-sync#1", "h200-proof#2", True),
     ("h200-lora-critic-sync#1", "h200-proof#3", False),
+    # 2026-12-01, recorded after the priors were set: verl's quickstart → the advisor's fused-kernel proposal.
+    ("h200-tuning#1", "h200-tuning#2", False), ("h200-tuning#2", "h200-tuning#1", False),
 ]
 
 

@@ -82,10 +82,11 @@ CASES = {
                                        synthetic_samples({0: {}}), "synthetic"),
     # SYNTHETIC: colocate_async's overlapped generation (H200: timing_s/gen 0.19 s), below one 2 s poll.
     "gen_overlapped": lambda: _case(synthetic_steps({"gen": 0.19}), synthetic_samples({0: {}}), "synthetic"),
-    # SYNTHETIC: the quickstart's MFU with a trainer already holding 70 GiB at 8 192-token micro batches: the fused
-    # run's 32 768-token budgets would not fit, so only the kernels are proposed.
-    "loop_no_room": lambda: _case(synthetic_steps(**{"perf/mfu/actor": 0.013, "actor/perf/max_memory_reserved_gb": 70.0}),
-                                  synthetic_samples({0: {"mem_used": 0.5 * H200_MEM_TOTAL_MIB}}), "A"),
+    # SYNTHETIC: the quickstart's MFU on an 80 GiB GPU whose trainer holds 36 GiB at 8 192-token micro batches:
+    # the fused run's budgets fit with checkpointing on (+3 GiB), not without it (+48 GiB), so it stays on.
+    "loop_little_room": lambda: _case(
+        synthetic_steps(**{"perf/mfu/actor": 0.013, "actor/perf/max_memory_reserved_gb": 36.0}),
+        synthetic_samples({0: {"mem_used": 0.5 * 81_920.0, "mem_total": 81_920.0}}), "A"),
     # SYNTHETIC: no recording has a critic this heavy (the real ones: 0.12–0.20 of the actor's time).
     "critic_heavy": lambda: _case(synthetic_steps({"values": 1.0, "update_critic": 2.0}),
                                   synthetic_samples({0: {}}), "synthetic"),
@@ -238,9 +239,9 @@ def test_the_fused_run_is_generation_bound_next(advised):
     assert f.change["trainer_mode"] == "colocate_async" and "Predicted for this segment" in f.expected
 
 
-def test_loop_bound_actor_keeps_only_the_kernels_when_the_rest_would_not_fit(advised):
-    f = advised.finding("loop_no_room", "logprob-loop")
-    assert f.change == {"fused_kernels": True}
+def test_loop_bound_actor_keeps_checkpointing_when_dropping_it_would_not_fit(advised):
+    f = advised.finding("loop_little_room", "logprob-loop")
+    assert f.change == {"fused_kernels": True, "use_dynamic_bsz": True, **FUSED_BUDGETS}
     assert f.evidence["predicted_gpu_peak_share"] < 0.95
 
 

@@ -8,10 +8,13 @@ exists the factor is 1 and the knob is listed as unmodelled with a wider uncerta
 
 Priors come from real verl 0.9.1 runs on one H200 (0.5B-shaped Qwen2, 256 prompts × up to 512+512 tokens,
 tests/data/README.md) or, where no run measured a lever, from how verl computes it (said so in the source).
-Memory: the trainer's peak (PyTorch's max reserved) grows with the largest micro batch in tokens as
-(tokens ratio)^MEMORY_EXPONENT, sublinear because weights, gradients and optimizer state stay. 0.55 fits the three
-real H200 budget changes within -14…+32 %: 4 096 → 32 768 tokens took 26.2 → 61.5 GB (h200-proof), 8 192 → 32 768
-27.2 → 68.4 GB (quickstart → fused), 8 192 → 49 152 27.2 → 79.0 GB (quickstart → tuned). The GPU peak is the larger
+Memory: the trainer's peak (PyTorch's max reserved) is a static part (weights, gradients, optimizer state: the
+measured peak less the variable part) plus, per 1 000 tokens of the largest micro batch, activations
+(ACTIVATION_GB_PER_KTOKEN, with or without gradient checkpointing) and, unless fused kernels compute log-probs in
+chunks, the full-vocabulary logits (LOGITS_GB_PER_KTOKEN: fp32 log-softmax over Qwen2.5's 151 936-token vocabulary
+and its gradient, ~1.2 MB a token). Fit on the 0.5B shape's real H200 runs: quickstart 27.0 GB at 8 192 tokens,
+fused with checkpointing 21.7 GB at 32 768 (h200-tuning), fused without 68.4 GB at 32 768, 4 096 → 32 768 tokens
+26.2 → 61.5 GB (h200-proof); other shapes and vocabularies differ (MEMORY_UNCERTAINTY). The GPU peak is the larger
 of the generation-time peak (the measured NVML peak moved by the rollout engine's memory share) and the
 training-time peak (trainer + context).
 """
@@ -28,7 +31,9 @@ import pandas as pd
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 PER_TOKEN_PHASES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 MIB_PER_GIB = 1024.0
-MEMORY_EXPONENT = 0.55
+LOGITS_GB_PER_KTOKEN = 1.2
+ACTIVATION_GB_PER_KTOKEN = {True: 0.1, False: 1.5}  # gradient checkpointing on / off
+MIN_STATIC_SHARE = 0.3  # the static part is at least this share of the measured peak
 CONTEXT_GB = 4.0  # CUDA context, NCCL buffers and the sleeping rollout engine's weights during training
 OOM_SHARE = 0.95
 NEAR_FULL_SHARE = 0.90
@@ -206,10 +211,19 @@ def tokens_per_micro_batch(knobs: Mapping[str, Any], budget: str, micro: str) ->
     return int(knobs[micro]) * longest
 
 
-def largest_micro_batch(knobs: Mapping[str, Any]) -> int:
-    """The largest micro batch in tokens of the passes that hold activations (actor, old log-prob, critic)."""
-    return max(tokens_per_micro_batch(knobs, f"{role}_token_budget", f"{role}_micro_batch")
-               for role in ("actor", "logprob", "critic"))
+def variable_memory_gb(knobs: Mapping[str, Any], scale: float = 1.0) -> float:
+    """The trainer memory that grows with micro batches: the policy's passes (update and old log-prob) hold
+    activations and, without fused kernels, the vocabulary logits; the critic's (a value head) activations only."""
+    policy = max(tokens_per_micro_batch(knobs, "actor_token_budget", "actor_micro_batch"),
+                 tokens_per_micro_batch(knobs, "logprob_token_budget", "logprob_micro_batch")) * scale / 1000
+    critic = tokens_per_micro_batch(knobs, "critic_token_budget", "critic_micro_batch") * scale / 1000
+    activations = ACTIVATION_GB_PER_KTOKEN[bool(knobs["gradient_checkpointing"])]
+    logits = 0.0 if knobs["fused_kernels"] else LOGITS_GB_PER_KTOKEN
+    return max(policy * (activations + logits), critic * activations)
+
+
+def _static_gb(cost: SegmentCost) -> float:
+    return max(MIN_STATIC_SHARE * cost.trainer_peak_gb, cost.trainer_peak_gb - variable_memory_gb(cost.knobs))
 
 
 def _waves(knobs: Mapping[str, Any]) -> int:
@@ -264,8 +278,7 @@ _SOURCES = {
 
 
 def _trainer_peak(cost: SegmentCost, after: Mapping[str, Any]) -> float:
-    grow = largest_micro_batch(after) / largest_micro_batch(cost.knobs)
-    peak = cost.trainer_peak_gb * grow ** MEMORY_EXPONENT
+    peak = _static_gb(cost) + variable_memory_gb(after)
     if (cost.knobs["critic_lora_rank"] > 0) != (after["critic_lora_rank"] > 0):
         # H200 2026-11-30: the LoRA critic saved 3.6 GB (no full-size gradients and optimizer state)
         peak += -3.6 if after["critic_lora_rank"] > 0 else 3.6
@@ -329,11 +342,11 @@ def closest_cost(costs: list[SegmentCost], after: Mapping[str, Any]) -> SegmentC
 
 
 def budget_scale_for_memory(cost: SegmentCost, target_share: float, limit: float) -> float:
-    """How much the largest micro batch may grow so that the training-time peak stays at `target_share` of GPU
-    memory (1 when memory was not measured; at most `limit`)."""
-    if not (cost.mem_total_gb > 0 and cost.trainer_peak_gb > 0):
+    """How much every micro batch may grow so that the training-time peak stays at `target_share` of GPU memory
+    (1 when memory was not measured; at most `limit`)."""
+    variable = variable_memory_gb(cost.knobs)
+    if not (cost.mem_total_gb > 0 and cost.trainer_peak_gb > 0 and variable > 0):
         return 1.0
-    room = target_share * cost.mem_total_gb - CONTEXT_GB
-    grow = (room / cost.trainer_peak_gb) ** (1 / MEMORY_EXPONENT)
+    grow = (target_share * cost.mem_total_gb - CONTEXT_GB - _static_gb(cost)) / variable
     return float(np.clip(grow, 1.0, limit))
 
