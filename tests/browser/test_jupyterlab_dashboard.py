@@ -23,7 +23,7 @@ NOTEBOOK = "dashboard_in_lab.ipynb"
 
 @pytest.fixture
 def lab(tmp_path):
-    """A replayed session (speed 3, no recorded operator), a notebook that shows its dashboard as the operator, and
+    """A replayed session (speed 2, no recorded operator), a notebook that shows its dashboard as the operator, and
     JupyterLab on loopback with a token."""
     from workbench.session import Session
 
@@ -32,7 +32,7 @@ def lab(tmp_path):
     env = {**os.environ, "VERL_WORKBENCH_HOME": str(home)}
     os.environ["VERL_WORKBENCH_HOME"] = str(home)  # the session's supervisor and this test's reads
     try:
-        session = Session.replay("h200-proof", speed=3, follow=False)
+        session = Session.replay("h200-proof", speed=2, follow=False)
     finally:
         os.environ.pop("VERL_WORKBENCH_HOME")
     operator_token = (session.dir / "operator.token").read_text().strip()

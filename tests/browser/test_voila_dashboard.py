@@ -1,7 +1,7 @@
 """The Voila dashboard served by `verl-workbench up --no-browser` on a replay, driven in headless Chromium.
 
-One `up` serves the module: h200-proof replayed at 3x without the recorded operator (every command is the test's),
-so verl's recorded start-up (~65 s here) leaves time to queue a hot change before step 1 and see it applied."""
+One `up` serves the module: h200-proof replayed at 2x without the recorded operator (every command is the test's),
+so verl's recorded start-up (~100 s here) leaves time to queue a hot change before step 1 and see it applied."""
 
 import pytest
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory, browser):
-    up = Up.start(tmp_path_factory.mktemp("up-home"), "--replay", "h200-proof", "--speed", "3", "--no-follow")
+    up = Up.start(tmp_path_factory.mktemp("up-home"), "--replay", "h200-proof", "--speed", "2", "--no-follow")
     yield up
     assert up.stop() == 0, up.output
 
