@@ -5,6 +5,7 @@ every held-out pair; these tests pin a few of them and the model's behaviour."""
 from __future__ import annotations
 
 import functools
+import shutil
 import math
 
 import pytest
@@ -156,3 +157,17 @@ def test_session_predict_calibrates_on_its_own_segments():
     assert p.step_s < p.measured_step_s and "fused_kernels" in p.sources
     with pytest.raises(PlanError):
         session.predict({"actor_token_budget": 0})
+
+
+def test_preview_carries_the_prediction_and_warns_of_an_oom(tmp_path):
+    # A copy of the recorded session marked running (no supervisor): preview judges changes against it.
+    shutil.copytree(resolve_recording("h200-proof"), tmp_path / "proof")
+    store = Store(tmp_path / "proof")
+    store.set_meta(state="running", supervisor_pid=None)
+    store.close()
+    session = Session(tmp_path / "proof", read_only=True)
+    huge = session.preview(dict.fromkeys(("actor_token_budget", "logprob_token_budget", "critic_token_budget"),
+                                         1_048_576))
+    assert huge.ok and huge.prediction.oom and huge.warnings["plan"].startswith("out of memory predicted")
+    fine = session.preview({"fused_kernels": True})
+    assert fine.ok and fine.prediction.speedup > 1 and "plan" not in fine.warnings

@@ -119,6 +119,13 @@ def plan_candidates(session: Session, changes: Iterable[Mapping[str, Any]], *,
     return sorted(out, key=order)
 
 
+def _predicted(session: Session, candidate: Candidate, start_values: Mapping[str, Any]) -> Candidate:
+    target = {**start_values, **candidate.change}
+    basis = what_if.closest_cost(session.segment_costs(), target)
+    prediction = what_if.predict(basis, target) if basis is not None else None
+    return Candidate(candidate.change, candidate.mode, prediction, candidate.problems)
+
+
 def _param(value: Any) -> Any:
     """An Optuna categorical choice: None, bool, int, float or str (lists and dicts as JSON)."""
     return value if value is None or isinstance(value, (bool, int, float, str)) else json.dumps(value, sort_keys=True)
@@ -221,6 +228,8 @@ def tune(session: Session, knobs: Mapping[str, Sequence[Any]] | Sequence[str] | 
     rows: list[dict[str, Any]] = []
     ended_because = "every candidate was tried"
     for index, candidate in enumerate(ordered):
+        if candidate.change and candidate.prediction is None and not candidate.problems:
+            candidate = _predicted(session, candidate, start_values)  # the baseline may have measured by now
         full = {n: candidate.change.get(n, start_values[n]) for n in names}
         study.enqueue_trial({n: _param(v) for n, v in full.items()})
         trial = study.ask(distributions)
