@@ -48,7 +48,7 @@ LAST_STEP = 8
 KILLS = {"supervisor": 8, "kernel": 7, "runner": 7}
 RUNS_AT_ONCE = 3
 TIMEOUT = 120.0
-GONE_S = 15.0  # how long the processes of an ended session may take to go
+GONE_S = 60.0  # how long the processes of an ended session may take to go (a loaded machine)
 
 
 @dataclass

@@ -89,7 +89,10 @@ def test_another_user_can_read_a_finished_session(home):
     try:
         copy = shared / session.id
         copy.mkdir()
-        shutil.copy2(session.dir / STORE_FILE, copy / STORE_FILE)
+        # SQLite's backup: the store with whatever its WAL file still holds (a plain file copy may miss that).
+        source, target = sqlite3.connect(session.dir / STORE_FILE), sqlite3.connect(copy / STORE_FILE)
+        source.backup(target)
+        source.close(), target.close()
         for path, mode in ((shared, 0o755), (copy, 0o755), (copy / STORE_FILE, 0o644)):
             os.chmod(path, mode)
         code = (

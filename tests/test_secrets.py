@@ -169,15 +169,24 @@ def _owner_only(directory: Path) -> list[str]:
 
 
 def test_a_session_writes_no_secret_and_no_token_and_keeps_to_its_owner(home, monkeypatch):
-    """A replayed session whose kernel and supervisor hold a credential in their environment (as a live session's
-    do: workbench/redact.py): no file it writes holds the credential, none but the token file holds the operator
-    token, and every file and directory is its owner's alone."""
+    """A session started the way Session.start starts one, from a plan that holds a credential (the recorded plan of
+    h200-lora-critic-sync plus an API key, so that it replays on a CPU): no file it writes holds the credential,
+    none but the token file holds the operator token, and every file and directory is its owner's alone."""
     from workbench import control as c
-    from workbench.session import Session
+    from workbench.session import Session, resolve_recording
 
-    monkeypatch.setenv(redact.SECRETS_ENV, json.dumps({ENV_KEY: TEST_SECRET}))
-    monkeypatch.setenv("WANDB_API_KEY", TEST_SECRET)
-    session = Session.replay("h200-lora-critic-sync", speed=400)
+    recording = resolve_recording("h200-lora-critic-sync")
+    db = sqlite3.connect(f"file:{recording / 'session.sqlite'}?mode=ro", uri=True)
+    (plan_json,) = db.execute("SELECT plan_json FROM segments ORDER BY id LIMIT 1").fetchone()
+    db.close()
+    document = json.loads(plan_json)
+    document["overrides"].append(f"+{ENV_KEY}={TEST_SECRET}")
+    plan = Plan.from_json(json.dumps(document))
+    assert plan.secrets == {ENV_KEY: TEST_SECRET}
+    monkeypatch.setenv("WANDB_API_KEY", TEST_SECRET)  # and one in the kernel's environment, as a user may have
+    session = Session._spawn(plan, name="secret", root=None, meta={"kind": "replay", "recording": str(recording)},
+                             args=["--replay", str(recording), "--speed", "400"])
+    assert session.plan.secrets == {}  # what the store holds is the redacted plan
     session.wait_until(lambda s: s.state in c.ENDED_STATES and not s._supervisor_alive(), timeout=120, poll=0.1)
     token = (session.dir / c.TOKEN_FILE).read_text().strip()
     session.export("command"), session.export("yaml")
