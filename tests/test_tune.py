@@ -11,7 +11,7 @@ import time
 import optuna
 import pytest
 
-from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
+from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET
 from workbench.session import ReadOnlySession, Session
 from workbench.tune import STUDY_FILE, grid, tune
 
