@@ -63,6 +63,11 @@ from .utilization import UtilizationPanel
 
 SESSION_PARAM, TOKEN_PARAM = "session", "token"
 MIN_INTERVAL_S = 0.5  # at most 2 Hz: each tick re-sends whole chart arrays to every viewer
+# plotly sends chart updates as messages that only views existing at that moment draw: a page that renders the
+# figure later (Voila renders after the cell ran; a reloaded page) would keep empty charts while nothing changes.
+# So the loop re-sends every chart's whole arrays this often even without news.
+RESEND_CHARTS_S = 3.0
+CHART_NEWS = frozenset({"samples", "steps", "step_samples", "events", "segments"})
 # What a full refresh tells every panel is new (each then recomputes and re-sends what it shows).
 ALL_NEWS = frozenset({"state", "meta", "steps", "events", "samples", "step_samples", "knobs", "segments",
                       "placement", "findings"})
@@ -128,6 +133,7 @@ class Dashboard:
         ], _dom_classes=["wb-dashboard"])
         self._tick = threading.Lock()  # one read+prepare at a time (the loop, or a refresh() call)
         self.timings_ms: dict[str, float] = {}
+        self._charts_sent_at = time.monotonic()
         self._task: asyncio.Task | None = None
         self._closed = False
         self.refresh()
@@ -160,6 +166,9 @@ class Dashboard:
         with self._tick:
             started = time.perf_counter()
             news = self.ctx.feed.read() | (ALL_NEWS if everything else set())
+            if time.monotonic() - self._charts_sent_at >= RESEND_CHARTS_S:
+                news |= CHART_NEWS
+                self._charts_sent_at = time.monotonic()
             timings = {"read": (time.perf_counter() - started) * 1000.0}
             payloads = []
             for panel in self.panels:
