@@ -603,7 +603,7 @@ def logprob_loop(m: Measurements) -> Finding | None:
     change: dict[str, Any] = {"fused_kernels": True, **_changes(m, fused_kernel_backend="torch")}
     if not m.knobs["use_dynamic_bsz"]:
         change.update(use_dynamic_bsz=True, **FUSED_BUDGETS)
-    if m.knobs["gradient_checkpointing"] and m.peak_memory_share < _limit("memory_room_peak"):
+    if m.knobs["gradient_checkpointing"] and _room_without_checkpointing(m, change):
         change["gradient_checkpointing"] = False
     # What goes with the kernels is dropped again, last first, while the what-if model predicts an OOM.
     prediction = m.predicted(change)
@@ -660,13 +660,20 @@ def gen_on_poll_grid(m: Measurements) -> Finding | None:
     )
 
 
+def _room_without_checkpointing(m: Measurements, change: Mapping[str, Any]) -> bool:
+    """Whether activations fit without recomputation: the what-if model's GPU peak with `change` and checkpointing
+    off stays under the target share; without trainer memory readings, the NVML peak is below memory_room_peak."""
+    prediction = m.predicted({**change, "gradient_checkpointing": False})
+    if prediction is not None and prediction.mem_total_gb > 0 and not np.isnan(prediction.trainer_peak_gb):
+        return prediction.gpu_peak_share < _limit("memory_target_peak")
+    return m.peak_memory_share < _limit("memory_room_peak")
+
+
 def checkpointing_headroom(m: Measurements) -> Finding | None:
-    if not m.knobs["gradient_checkpointing"] or not m.peak_memory_share < _limit("memory_room_peak"):
-        return None
     change = {"gradient_checkpointing": False}
-    prediction = m.predicted(change)
-    if prediction is not None and prediction.oom:
+    if not m.knobs["gradient_checkpointing"] or not _room_without_checkpointing(m, {}):
         return None
+    prediction = m.predicted(change)
     return _finding(
         m, rule="checkpointing-headroom", title="Gradient checkpointing is on with memory to spare", severity="low",
         evidence={"peak_memory_share": m.peak_memory_share,
