@@ -507,12 +507,14 @@ class Session:
 
     def wait_for_step(self, step: int, timeout: float = 600.0) -> "Session":
         def reached(s: "Session") -> bool:
-            state = s.state
+            state = s.state  # before the step: a session that ends right after the step has reached it all the same
+            last = s.last_step()
+            if last is not None and last >= step:
+                return True
             if state in c.ENDED_STATES:
                 failure = s.failure
                 raise RuntimeError(f"session {s.id} is {state} before step {step}" + (f": {failure}" if failure else ""))
-            last = s.last_step()
-            return last is not None and last >= step
+            return False
 
         return self.wait_until(reached, timeout=timeout)
 
