@@ -16,8 +16,8 @@ that unlocks control for this page when the right token is typed in. `verl-workb
 
 **Panels** (one module each): session bar (session_bar.py), device planner (placement.py), knobs with pending
 changes, Apply and its progress (changes.py, editors from knob_editor.py), GPU utilization (utilization.py),
-step breakdown (step_breakdown.py), throughput and segments (throughput.py), advisor (advisor.py), export
-(export.py), events and balance (events.py). Every number comes through `workbench.Session`.
+step breakdown (step_breakdown.py), throughput and segments (throughput.py), advisor (advisor.py), auto-tune
+(tune.py), export (export.py), events and balance (events.py). Every number comes through `workbench.Session`.
 
 **Live updates.** One asyncio task on the kernel's event loop: every `interval_s` (≥ 0.5 s: at most 2 Hz) it runs
 `Feed.read()` and the panels' `prepare` (store reads, pandas, downsampling) in a worker thread
@@ -30,7 +30,8 @@ loop thread. Widget callbacks (which JupyterLab 4 may run on another thread) and
 `wb-knob-<name>` (each knob editor; `wb-knob-bad` while a problem marks it, message in `wb-knob-message`),
 `wb-diff`, `wb-apply`, `wb-discard`, `wb-apply-progress`, `wb-utilization`, `wb-steps`, `wb-throughput`,
 `wb-segments-table`, `wb-placement-grid`, `wb-findings`, `wb-finding-apply`, `wb-export-text`, `wb-copy`,
-`wb-download`, `wb-events-log`, `wb-balance`, `wb-token`, `wb-unlock`, `wb-errors`.
+`wb-download`, `wb-events-log`, `wb-balance`, `wb-tune`, `wb-tune-run`, `wb-tune-status`, `wb-token`, `wb-unlock`,
+`wb-errors`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from .placement import PlacementPanel
 from .session_bar import SessionBar
 from .step_breakdown import StepBreakdownPanel
 from .throughput import ThroughputPanel
+from .tune import TunePanel
 from .utilization import UtilizationPanel
 
 SESSION_PARAM, TOKEN_PARAM = "session", "token"
@@ -107,10 +109,11 @@ class Dashboard:
         self.steps = StepBreakdownPanel(self.ctx)
         self.throughput = ThroughputPanel(self.ctx)
         self.advisor = AdvisorPanel(self.ctx, self.changes)
+        self.tune = TunePanel(self.ctx)
         self.export = ExportPanel(self.ctx)
         self.events = EventsPanel(self.ctx)
         self.panels = (self.bar, self.changes, self.placement, self.utilization, self.steps, self.throughput,
-                       self.advisor, self.export, self.events)
+                       self.advisor, self.tune, self.export, self.events)
         self.errors = W.HTML(_dom_classes=["wb-errors"])
         self.token = W.Password(placeholder="operator token", layout=W.Layout(width="260px"),
                                 _dom_classes=["wb-token"])
@@ -124,8 +127,8 @@ class Dashboard:
             W.HTML(CSS), self.bar.widget, self.token_row, self.errors,
             W.HBox([W.VBox([self.utilization.widget], **column), W.VBox([self.steps.widget], **column)],
                    layout=W.Layout(flex_flow="row wrap")),
-            W.HBox([W.VBox([self.changes.widget], **column), W.VBox([self.placement.widget, self.advisor.widget],
-                                                                    **column)],
+            W.HBox([W.VBox([self.changes.widget], **column),
+                    W.VBox([self.placement.widget, self.advisor.widget, self.tune.widget], **column)],
                    layout=W.Layout(flex_flow="row wrap")),
             self.throughput.widget,
             W.HBox([W.VBox([self.export.widget], **column), W.VBox([self.events.widget], **column)],
