@@ -145,6 +145,8 @@ def test_scrubbing_a_store_removes_credentials_from_its_file(tmp_path):
     db = sqlite3.connect(f"file:{tmp_path / 'session.sqlite'}?mode=ro", uri=True)
     (payload,) = db.execute("SELECT payload_json FROM commands").fetchone()
     assert json.loads(payload) == {"now": False}
+    # A recording is read by replays and viewers: in WAL mode every reader would leave -shm/-wal files beside it.
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     db.close()
 
 

@@ -146,6 +146,8 @@ def scrub_store(session_dir: str | os.PathLike) -> int:
         db.execute("COMMIT")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.execute("VACUUM")
+        # A recording is read by replays and viewers: in WAL mode each reader would leave -shm/-wal files beside it.
+        db.execute("PRAGMA journal_mode=DELETE")
     finally:
         db.close()
     return changed
