@@ -11,6 +11,7 @@ which the live-update test watches the charts grow.
 from __future__ import annotations
 
 import asyncio
+import threading
 import html
 import time
 
@@ -264,5 +265,11 @@ def test_the_live_task_updates_the_charts_without_a_cell_run(started):
         d.close()
         return first, len(d.steps.fig.data[0].x)
 
-    first, later = asyncio.run(watch())
+    # A loop of its own in a thread of its own: the browser tests' session-wide Playwright keeps a loop running on
+    # the main thread, where asyncio.run() would refuse to start.
+    outcome: dict[str, tuple[int, int]] = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=asyncio.run(watch())))
+    runner.start()
+    runner.join(TIMEOUT + 60)
+    first, later = outcome["result"]
     assert later > first
