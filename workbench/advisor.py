@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 
 from . import predict as what_if
+from .knobs import MICRO_BATCH_KNOBS, knobs_in_group
+from .knobs import TOKEN_BUDGET_KNOBS as BUDGET_KNOBS
 from .runner.replay_buffer import REPLAY_POLL_S
 from .store import SAMPLE_COLUMNS
 from .telemetry.balance import THRESHOLDS as BALANCE_THRESHOLDS
@@ -31,10 +33,7 @@ from .telemetry.balance import balance_frame
 
 SEVERITIES = ("high", "medium", "low")
 GIB_PER_MIB = 1 / 1024
-OFFLOAD_KNOBS = ("actor_param_offload", "actor_optimizer_offload", "ref_param_offload", "critic_param_offload",
-                 "critic_optimizer_offload")
-BUDGET_KNOBS = ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")
-MICRO_BATCH_KNOBS = ("actor_micro_batch", "logprob_micro_batch", "ref_micro_batch", "critic_micro_batch")
+OFFLOAD_KNOBS = knobs_in_group("offload")
 TOKEN_BUDGET_STEP = 1024
 # The budgets the H200 fused-kernel run used (tests/data/h200_fused_logprob_2026-12-01, C_fused): 13–15 % actor MFU.
 FUSED_BUDGETS = {"actor_token_budget": 16384, "logprob_token_budget": 32768, "ref_token_budget": 32768,

@@ -7,6 +7,11 @@ workbench-level knob (`keys` empty: GPU placement), whose verl keys `plan.py` de
 
 Apply classes: "hot" knobs are applied by the runner between steps without a restart (token budgets are read per
 call in verl 0.9.1); "restart" knobs need a checkpoint, a relaunch and a resume.
+
+Each knob also says, for the code that reasons about it: which roles it configures (`roles`), which of verl's step
+phases it moves (`phases`, as in `timing_s/<phase>`), how the live runner applies it (`runner`, a RunnerPath) and
+which what-if effect models it (`model_group`, one of predict.MODEL_GROUPS or UNMODELLED). The lists other modules
+need (token budgets, micro batches, offloads, a role's knobs, a trainer call's budget) are derived here from those.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ from workbench import verl_config
 
 KINDS = ("int", "float", "bool", "choice", "str", "gpus", "env")
 APPLY_CLASSES = ("hot", "restart")
+ROLES = ("placement", "actor", "ref", "critic", "rollout", "reward", "trainer", "data", "environment")
+# verl 0.9.1's step phases, named as its trainer times them (marked_timer -> metrics timing_s/<phase>).
+PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+WHOLE_STEP = PHASES
+# A knob the what-if model has no effect for: predictions list it as unmodelled, with a wider uncertainty.
+UNMODELLED = "unmodelled"
+MICRO_BATCH_UNITS = ("tokens", "sequences")
 
 # Only NCCL's own variables: the nccl_env knob is for tuning communication, not a back door for any variable.
 NCCL_VARIABLE = re.compile(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$")
@@ -32,6 +44,35 @@ NCCL_VARIABLE = re.compile(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$")
 _TRUE_WORDS = {"true", "1", "yes", "on"}
 _FALSE_WORDS = {"false", "0", "no", "off"}
 _NULL_WORDS = {"", "none", "null"}
+
+
+@dataclass(frozen=True)
+class RunnerPath:
+    """How the live runner applies a knob. kind:
+    "restart": the supervisor checkpoints, relaunches verl with the new plan and resumes;
+    "call_budget": the trainer passes the knob's value as the token budget of each of `calls` (verl trainer
+    methods, e.g. "_update_actor"); verl 0.9.1 reads budgets per call from the batch's extra_info;
+    "worker": the runner calls the worker method `method` on every worker at the step boundary.
+    The runner lists the hot kinds it implements (runner/trainer.py HOT_PATH_KINDS); a test holds the table to it."""
+
+    kind: str
+    calls: tuple[str, ...] = ()
+    method: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PATH_KINDS:
+            raise ValueError(f"runner path {self.kind!r} is not one of {PATH_KINDS}")
+        if (self.kind == "call_budget") != bool(self.calls) or (self.kind == "worker") != bool(self.method):
+            raise ValueError(f"runner path {self.kind!r}: calls go with call_budget, a method with worker")
+
+
+PATH_KINDS = ("restart", "call_budget", "worker")
+RESTART = RunnerPath("restart")
+
+
+def call_budget(*calls: str) -> RunnerPath:
+    """The runner path of a token budget verl reads per call: the trainer calls that take it."""
+    return RunnerPath("call_budget", calls=calls)
 
 
 @dataclass(frozen=True)
@@ -44,6 +85,10 @@ class Knob:
     the minimum itself. nullable: None is a legal value (verl's "unset").
     changes_algorithm: the knob changes what is trained, not only how fast (e.g. skipping the old-policy
     log-prob recompute); advice and tuning never propose it unless asked to.
+    roles: the roles it configures (ROLES); phases: verl step phases it moves (PHASES); runner: how the live runner
+    applies it (RESTART for restart-class knobs); model_group: its what-if effect (predict.MODEL_GROUPS) or
+    UNMODELLED, always said; micro_batch_unit: "tokens" for a per-GPU token budget of a phase's micro batches,
+    "sequences" for a per-GPU micro-batch size.
     """
 
     name: str
@@ -59,6 +104,11 @@ class Knob:
     workbench_default: Any = None
     derived_keys: tuple[str, ...] = ()
     changes_algorithm: bool = False
+    roles: tuple[str, ...] = ()
+    phases: tuple[str, ...] = ()
+    runner: RunnerPath = RESTART
+    model_group: str = ""
+    micro_batch_unit: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -67,6 +117,16 @@ class Knob:
             raise ValueError(f"knob {self.name}: apply {self.apply!r} is not one of {APPLY_CLASSES}")
         if (self.kind == "choice") != bool(self.choices):
             raise ValueError(f"knob {self.name}: choices go with kind 'choice' and only with it")
+        if not self.roles or set(self.roles) - set(ROLES):
+            raise ValueError(f"knob {self.name}: roles {self.roles!r} must be some of {ROLES}")
+        if not self.phases or set(self.phases) - set(PHASES):
+            raise ValueError(f"knob {self.name}: phases {self.phases!r} must be some of {PHASES}")
+        if (self.apply == "restart") != (self.runner.kind == "restart"):
+            raise ValueError(f"knob {self.name}: a {self.apply} knob cannot take the runner path {self.runner.kind!r}")
+        if not self.model_group:
+            raise ValueError(f"knob {self.name}: needs a model_group (or UNMODELLED, said out loud)")
+        if self.micro_batch_unit not in ("", *MICRO_BATCH_UNITS):
+            raise ValueError(f"knob {self.name}: micro_batch_unit {self.micro_batch_unit!r} not in {MICRO_BATCH_UNITS}")
 
     @property
     def workbench_only(self) -> bool:
@@ -212,123 +272,197 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     # --- placement: which GPUs, and which of them each pool gets --------------------------------------------------
     Knob("gpus", (), "gpus", "restart", "placement",
          "Physical GPU indices for this session (CUDA_VISIBLE_DEVICES); actor+rollout+ref get what the pools leave.",
-         workbench_default=[0], derived_keys=_PLACEMENT_KEYS),
+         workbench_default=[0], derived_keys=_PLACEMENT_KEYS,
+         roles=("placement",), phases=WHOLE_STEP, model_group=UNMODELLED),
     Knob("critic_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the critic alone (0 = shares the actor's GPUs); launched by workbench.launch.",
-         bounds=(0, None), workbench_default=0, derived_keys=_PLACEMENT_KEYS),
+         bounds=(0, None), workbench_default=0, derived_keys=_PLACEMENT_KEYS,
+         roles=("critic",), phases=("values", "update_critic"), model_group=UNMODELLED),
     Knob("reward_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the reward model's own pool (0 = colocated); needs reward.reward_model.enable.",
          bounds=(0, None), workbench_default=0,
          derived_keys=_PLACEMENT_KEYS + ("reward.reward_model.enable_resource_pool",
-                                         "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes")),
+                                         "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes"),
+         roles=("reward",), phases=("reward",), model_group=UNMODELLED),
     Knob("rollout_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for standalone rollout servers; trainer_mode=separate_async needs at least one.",
          bounds=(0, None), workbench_default=0,
-         derived_keys=_PLACEMENT_KEYS + (f"{_ROLLOUT}.nnodes", f"{_ROLLOUT}.n_gpus_per_node")),
+         derived_keys=_PLACEMENT_KEYS + (f"{_ROLLOUT}.nnodes", f"{_ROLLOUT}.n_gpus_per_node"),
+         roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED),
     # --- token budgets --------------------------------------------------------------------------------------------
     Knob("use_dynamic_bsz", ("actor_rollout_ref.actor.use_dynamic_bsz", f"{_ROLLOUT}.log_prob_use_dynamic_bsz",
                              "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"),
          "bool", "restart", "token budgets",
-         "Pack micro batches by token budget instead of a fixed number of sequences."),
+         "Pack micro batches by token budget instead of a fixed number of sequences.",
+         roles=("actor", "ref", "critic"), phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"),
+         model_group="batching"),
     Knob("actor_token_budget", ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",), "int", "hot",
-         "token budgets", "Tokens per GPU per actor-update micro batch (with use_dynamic_bsz).", bounds=(1, None)),
+         "token budgets", "Tokens per GPU per actor-update micro batch (with use_dynamic_bsz).", bounds=(1, None),
+         roles=("actor",), phases=("update_actor",),
+         runner=call_budget("_update_actor"), model_group="batching", micro_batch_unit="tokens"),
     Knob("logprob_token_budget", (f"{_ROLLOUT}.log_prob_max_token_len_per_gpu",), "int", "hot", "token budgets",
-         "Tokens per GPU per old-log-prob micro batch (with use_dynamic_bsz).", bounds=(1, None)),
+         "Tokens per GPU per old-log-prob micro batch (with use_dynamic_bsz).", bounds=(1, None),
+         roles=("actor",), phases=("old_log_prob",),
+         runner=call_budget("_compute_old_log_prob"), model_group="batching", micro_batch_unit="tokens"),
     Knob("ref_token_budget", ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",), "int", "hot",
          "token budgets", "Tokens per GPU per reference log-prob micro batch (with use_dynamic_bsz).",
-         bounds=(1, None)),
+         bounds=(1, None),
+         roles=("ref",), phases=("ref",),
+         runner=call_budget("_compute_ref_log_prob"), model_group="batching", micro_batch_unit="tokens"),
     # verl 0.9.1's V1 trainer feeds the critic engine's train AND infer budgets from ppo_infer_max_token_len_per_gpu
     # (trainer_base.py), a key only CriticConfig declares; ppo_max_token_len_per_gpu is set too so both agree.
     Knob("critic_token_budget", ("critic.ppo_infer_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
          "int", "hot", "token budgets", "Tokens per GPU per critic micro batch (with use_dynamic_bsz).",
-         bounds=(1, None)),
+         bounds=(1, None),
+         roles=("critic",), phases=("values", "update_critic"),
+         runner=call_budget("_compute_values", "_update_critic"), model_group="batching", micro_batch_unit="tokens"),
     # --- LoRA critic ----------------------------------------------------------------------------------------------
     Knob("critic_lora_rank", ("critic.model.lora_rank",), "int", "restart", "LoRA critic",
-         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.launch.", bounds=(0, None)),
+         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.launch.", bounds=(0, None),
+         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
     Knob("critic_lora_alpha", ("critic.model.lora_alpha",), "int", "restart", "LoRA critic",
-         "LoRA scaling factor alpha of the critic.", bounds=(1, None)),
+         "LoRA scaling factor alpha of the critic.", bounds=(1, None),
+         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
     Knob("critic_lora_targets", ("critic.model.target_modules",), "str", "restart", "LoRA critic",
-         "Critic modules that get LoRA adapters: all-linear or a list of module names."),
+         "Critic modules that get LoRA adapters: all-linear or a list of module names.",
+         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
     # --- async ----------------------------------------------------------------------------------------------------
     Knob("trainer_mode", ("trainer.v1.trainer_mode",), "choice", "restart", "async",
          "V1 trainer: sync, colocate_async (overlap on shared GPUs) or separate_async (own rollout GPUs).",
-         choices=("sync", "colocate_async", "separate_async")),
+         choices=("sync", "colocate_async", "separate_async"),
+         roles=("trainer",), phases=WHOLE_STEP, model_group="trainer_mode"),
     Knob("hybrid_switch", ("trainer.v1.separate_async.hybrid_rollout.enable_switch",), "bool", "restart", "async",
-         "separate_async: lend idle trainer GPUs to rollout."),
+         "separate_async: lend idle trainer GPUs to rollout.",
+         roles=("trainer",), phases=WHOLE_STEP, model_group=UNMODELLED),
     # --- rollout --------------------------------------------------------------------------------------------------
     Knob("rollout_gpu_memory", (f"{_ROLLOUT}.gpu_memory_utilization",), "float", "restart", "rollout",
-         "Share of each GPU's memory the rollout engine may take.", bounds=(0.0, 0.95), lower_bound_open=True),
+         "Share of each GPU's memory the rollout engine may take.", bounds=(0.0, 0.95), lower_bound_open=True,
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
     Knob("rollout_tp", (f"{_ROLLOUT}.tensor_model_parallel_size",), "int", "restart", "rollout",
-         "Tensor-parallel GPUs per rollout replica.", bounds=(1, None)),
+         "Tensor-parallel GPUs per rollout replica.", bounds=(1, None),
+         roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED),
     Knob("rollout_max_batched_tokens", (f"{_ROLLOUT}.max_num_batched_tokens",), "int", "restart", "rollout",
-         "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, None)),
+         "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, None),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
     Knob("rollout_enforce_eager", (f"{_ROLLOUT}.enforce_eager",), "bool", "restart", "rollout",
-         "Run vLLM without CUDA graphs: a shorter start-up, slower decoding (false = capture CUDA graphs)."),
+         "Run vLLM without CUDA graphs: a shorter start-up, slower decoding (false = capture CUDA graphs).",
+         roles=("rollout",), phases=("gen",), model_group="rollout_enforce_eager"),
     Knob("rollout_max_num_seqs", (f"{_ROLLOUT}.max_num_seqs",), "int", "restart", "rollout",
-         "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, None)),
+         "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, None),
+         roles=("rollout",), phases=("gen",), model_group="waves"),
     Knob("agent_workers", (f"{_ROLLOUT}.agent.num_workers",), "int", "restart", "rollout",
          "Agent-loop workers that send prompts to the rollout servers (H200: 2 -> 8 changed nothing).",
-         bounds=(1, None)),
+         bounds=(1, None),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
     # --- algorithm: knobs that change what is trained (never proposed unless asked for) --------------------------
     Knob("rollout_logprob_bypass", ("algorithm.rollout_correction.bypass_mode",), "bool", "restart", "algorithm",
          "CHANGES THE ALGORITHM: use vLLM's rollout log-probs as old log-probs, skipping the old_log_prob pass.",
-         changes_algorithm=True),
+         changes_algorithm=True,
+         roles=("actor",), phases=("old_log_prob",), model_group="rollout_logprob_bypass"),
     # --- memory ---------------------------------------------------------------------------------------------------
     Knob("actor_param_offload", ("actor_rollout_ref.actor.fsdp_config.param_offload",), "bool", "restart",
-         "memory", "Keep actor parameters on the CPU between uses."),
+         "memory", "Keep actor parameters on the CPU between uses.",
+         roles=("actor",), phases=("old_log_prob", "update_actor", "update_weights"), model_group="offload"),
     Knob("actor_optimizer_offload", ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",), "bool", "restart",
-         "memory", "Keep actor optimizer state on the CPU between updates."),
+         "memory", "Keep actor optimizer state on the CPU between updates.",
+         roles=("actor",), phases=("update_actor",), model_group="offload"),
     Knob("ref_param_offload", ("actor_rollout_ref.ref.fsdp_config.param_offload",), "bool", "restart", "memory",
-         "Keep reference-policy parameters on the CPU between uses."),
+         "Keep reference-policy parameters on the CPU between uses.",
+         roles=("ref",), phases=("ref",), model_group="offload"),
     # The critic's FSDP engine config is critic.fsdp (FSDPCriticConfig.fsdp), not critic.model.fsdp_config.
     Knob("critic_param_offload", ("critic.fsdp.param_offload",), "bool", "restart", "memory",
-         "Keep critic parameters on the CPU between uses."),
+         "Keep critic parameters on the CPU between uses.",
+         roles=("critic",), phases=("values", "update_critic"), model_group="offload"),
     Knob("critic_optimizer_offload", ("critic.fsdp.optimizer_offload",), "bool", "restart", "memory",
-         "Keep critic optimizer state on the CPU between updates."),
+         "Keep critic optimizer state on the CPU between updates.",
+         roles=("critic",), phases=("update_critic",), model_group="offload"),
     Knob("gradient_checkpointing", ("actor_rollout_ref.model.enable_gradient_checkpointing",
                                     "critic.model.enable_gradient_checkpointing"), "bool", "restart", "memory",
-         "Recompute activations in the backward pass (actor and critic): less memory, more compute."),
+         "Recompute activations in the backward pass (actor and critic): less memory, more compute.",
+         roles=("actor", "critic"), phases=("update_actor", "update_critic"),
+         model_group="gradient_checkpointing"),
     # --- kernels: verl 0.9.1 without flash-attn computes log-probs with a Python loop over tokens -------------------
     # (verl/utils/torch_functional.py logprobs_from_logits_v2); the fused path replaces it with chunked matmuls.
     Knob("fused_kernels", ("actor_rollout_ref.model.use_fused_kernels",), "bool", "restart", "kernels",
-         "Fused lm-head + log-prob kernels for actor and ref (H200, no flash-attn: update_actor 38-41 s -> 3.9-4.6 s)."),
+         "Fused lm-head + log-prob kernels for actor and ref (H200, no flash-attn: update_actor 38-41 s -> 3.9-4.6 s).",
+         roles=("actor", "ref"), phases=("old_log_prob", "ref", "update_actor"), model_group="fused_kernels"),
     # verl's triton backend (utils/kernel/linear_cross_entropy.py) returns flat (batch*seq,) log-probs; the padded
     # path (use_remove_padding=False, what runs without flash-attn) indexes output.log_probs.shape[1] and a
     # (batch, seq) mask (workers/engine/fsdp/transformer_impl.py) and fails. torch and liger keep (batch, seq).
     Knob("fused_kernel_backend", ("actor_rollout_ref.model.fused_kernel_options.impl_backend",), "choice", "restart",
          "kernels", "Fused-kernel backend: torch, or liger (needs liger-kernel, else runs torch); triton is left out: "
-         "its flat output breaks verl's padded path.", choices=("torch", "liger")),
+         "its flat output breaks verl's padded path.", choices=("torch", "liger"),
+         roles=("actor", "ref"), phases=("old_log_prob", "ref", "update_actor"), model_group="batching"),
     Knob("remove_padding", ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"),
          "bool", "restart", "kernels",
-         "Pack sequences without padding (actor, ref, critic); needs flash-attn installed in the verl workers."),
+         "Pack sequences without padding (actor, ref, critic); needs flash-attn installed in the verl workers.",
+         roles=("actor", "ref", "critic"),
+         phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"), model_group=UNMODELLED),
     # --- batch ----------------------------------------------------------------------------------------------------
     Knob("train_batch_size", ("data.train_batch_size",), "int", "restart", "batch",
-         "Prompts per training step.", bounds=(1, None)),
+         "Prompts per training step.", bounds=(1, None),
+         roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
     Knob("ppo_mini_batch_size", ("actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"),
-         "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, None)),
+         "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, None),
+         roles=("actor", "critic"), phases=("update_actor", "update_critic"), model_group="batching"),
     Knob("actor_micro_batch", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "int", "restart",
          "batch", "Sequences per GPU per actor-update micro batch (without use_dynamic_bsz).",
-         bounds=(1, None), nullable=True),
+         bounds=(1, None), nullable=True,
+         roles=("actor",), phases=("update_actor",), model_group="batching",
+         micro_batch_unit="sequences"),
     Knob("logprob_micro_batch", (f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu",), "int", "restart", "batch",
          "Sequences per GPU per old-log-prob micro batch (without use_dynamic_bsz).",
-         bounds=(1, None), nullable=True),
+         bounds=(1, None), nullable=True,
+         roles=("actor",), phases=("old_log_prob",), model_group="batching",
+         micro_batch_unit="sequences"),
     Knob("ref_micro_batch", ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",), "int", "restart",
          "batch", "Sequences per GPU per reference log-prob micro batch (without use_dynamic_bsz).",
-         bounds=(1, None), nullable=True),
+         bounds=(1, None), nullable=True,
+         roles=("ref",), phases=("ref",), model_group="batching", micro_batch_unit="sequences"),
     Knob("critic_micro_batch", ("critic.ppo_micro_batch_size_per_gpu",), "int", "restart", "batch",
-         "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, None), nullable=True),
+         "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, None), nullable=True,
+         roles=("critic",), phases=("values", "update_critic"), model_group="batching",
+         micro_batch_unit="sequences"),
     Knob("max_prompt_length", ("data.max_prompt_length",), "int", "restart", "batch",
-         "Longest prompt in tokens.", bounds=(1, None)),
+         "Longest prompt in tokens.", bounds=(1, None),
+         roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
     Knob("max_response_length", ("data.max_response_length",), "int", "restart", "batch",
-         "Longest generated response in tokens.", bounds=(1, None)),
+         "Longest generated response in tokens.", bounds=(1, None),
+         roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
     # --- environment ----------------------------------------------------------------------------------------------
     Knob("nccl_env", ("ray_kwargs.ray_init.runtime_env.env_vars",), "env", "restart", "environment",
-         "NCCL_*/TORCH_NCCL_* variables for every Ray worker (e.g. NCCL_P2P_DISABLE=1)."),
+         "NCCL_*/TORCH_NCCL_* variables for every Ray worker (e.g. NCCL_P2P_DISABLE=1).",
+         roles=("environment",), phases=WHOLE_STEP, model_group=UNMODELLED),
 )}
 
 WORKBENCH_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.workbench_only)
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(knob.group for knob in KNOBS.values()))
 ALGORITHM_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.changes_algorithm)
+HOT_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.apply == "hot")
+# Per-GPU token budgets (with use_dynamic_bsz) and micro-batch sizes (without it), in table order: actor first.
+TOKEN_BUDGET_KNOBS: tuple[str, ...] = tuple(n for n, k in KNOBS.items() if k.micro_batch_unit == "tokens")
+MICRO_BATCH_KNOBS: tuple[str, ...] = tuple(n for n, k in KNOBS.items() if k.micro_batch_unit == "sequences")
+
+
+def knobs_in_group(model_group: str) -> tuple[str, ...]:
+    """The knobs the what-if model moves with one effect (e.g. "offload"), in table order."""
+    return tuple(name for name, knob in KNOBS.items() if knob.model_group == model_group)
+
+
+def knobs_of_role(role: str) -> tuple[str, ...]:
+    """The knobs that configure `role` alone: they mean nothing in a plan that runs no such role."""
+    return tuple(name for name, knob in KNOBS.items() if knob.roles == (role,))
+
+
+def model_groups() -> dict[str, str]:
+    """knob -> what-if effect group, for every knob the what-if model has an effect for."""
+    return {name: knob.model_group for name, knob in KNOBS.items() if knob.model_group != UNMODELLED}
+
+
+def budget_of_call() -> dict[str, str]:
+    """verl trainer call -> the token-budget knob the runner passes to it (runner paths of kind call_budget)."""
+    return {call: name for name, knob in KNOBS.items() if knob.runner.kind == "call_budget"
+            for call in knob.runner.calls}
 
 
 @functools.cache
@@ -344,11 +478,6 @@ def knob_defaults() -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ the table a view renders
 KNOB_TABLE_COLUMNS = ("name", "group", "kind", "value", "default", "changed", "apply", "min", "max", "choices", "help",
                       "relevant", "why_irrelevant")
-_BUDGETS = ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")
-_MICRO_BATCHES = ("actor_micro_batch", "logprob_micro_batch", "ref_micro_batch", "critic_micro_batch")
-_CRITIC_KNOBS = ("critic_gpus", "critic_token_budget", "critic_micro_batch", "critic_lora_rank", "critic_lora_alpha",
-                 "critic_lora_targets", "critic_param_offload", "critic_optimizer_offload")
-_REF_KNOBS = ("ref_token_budget", "ref_micro_batch", "ref_param_offload")
 
 
 def irrelevant_knobs(values: dict[str, Any], roles: Any) -> dict[str, str]:
@@ -356,19 +485,23 @@ def irrelevant_knobs(values: dict[str, Any], roles: Any) -> dict[str, str]:
     roles run (critic, reference_policy, reward_model: see verl_config.roles_in_use)."""
     why: dict[str, str] = {}
     if values["use_dynamic_bsz"]:
-        why.update(dict.fromkeys(_MICRO_BATCHES, "used only without use_dynamic_bsz (token budgets size micro batches)"))
+        why.update(dict.fromkeys(MICRO_BATCH_KNOBS,
+                                 "used only without use_dynamic_bsz (token budgets size micro batches)"))
     else:
-        why.update(dict.fromkeys(_BUDGETS, "used only with use_dynamic_bsz (micro batch sizes apply without it)"))
+        why.update(dict.fromkeys(TOKEN_BUDGET_KNOBS,
+                                 "used only with use_dynamic_bsz (micro batch sizes apply without it)"))
     if values["critic_lora_rank"] == 0:
         why.update(dict.fromkeys(("critic_lora_alpha", "critic_lora_targets"), "used only with critic_lora_rank > 0"))
     if values["trainer_mode"] != "separate_async":
         why.update(dict.fromkeys(("rollout_gpus", "hybrid_switch"), "used only with trainer_mode=separate_async"))
     if not roles.reference_policy:
-        why.update(dict.fromkeys(_REF_KNOBS, "this plan runs no reference policy (no KL loss, no KL in the reward)"))
+        why.update(dict.fromkeys(knobs_of_role("ref"),
+                                 "this plan runs no reference policy (no KL loss, no KL in the reward)"))
     if not roles.critic:
-        why.update(dict.fromkeys(_CRITIC_KNOBS, "this plan runs no critic"))
+        why.update(dict.fromkeys(knobs_of_role("critic"), "this plan runs no critic"))
     if not roles.reward_model:
-        why["reward_gpus"] = "this plan runs no reward model (reward.reward_model.enable is false)"
+        why.update(dict.fromkeys(knobs_of_role("reward"),
+                                 "this plan runs no reward model (reward.reward_model.enable is false)"))
     if not values["fused_kernels"]:
         why["fused_kernel_backend"] = "used only with fused_kernels on"
     return why

@@ -28,7 +28,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+from .knobs import PHASES, model_groups
+
 PER_TOKEN_PHASES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 MIB_PER_GIB = 1024.0
 LOGITS_GB_PER_KTOKEN = 1.2
@@ -85,21 +86,10 @@ PRIORS: dict[str, Prior] = {
     "offload": Prior({}, 0.15, "not measured: offload moves parameters or optimizer state over PCIe each step"),
 }
 
-# knob -> effect group; knobs in no group are unmodelled
-_GROUP_OF = {
-    "fused_kernels": "fused_kernels", "gradient_checkpointing": "gradient_checkpointing",
-    "rollout_enforce_eager": "rollout_enforce_eager", "trainer_mode": "trainer_mode",
-    "critic_lora_rank": "critic_lora", "rollout_logprob_bypass": "rollout_logprob_bypass",
-    "train_batch_size": "tokens", "max_prompt_length": "tokens", "max_response_length": "tokens",
-    "rollout_max_num_seqs": "waves",
-    **dict.fromkeys(("use_dynamic_bsz", "actor_token_budget", "logprob_token_budget", "ref_token_budget",
-                     "critic_token_budget", "actor_micro_batch", "logprob_micro_batch", "ref_micro_batch",
-                     "critic_micro_batch", "ppo_mini_batch_size", "fused_kernel_backend"), "batching"),
-    **dict.fromkeys(("rollout_gpu_memory", "agent_workers", "rollout_max_batched_tokens"), "rollout_engine"),
-    **dict.fromkeys(("actor_param_offload", "actor_optimizer_offload", "ref_param_offload", "critic_param_offload",
-                     "critic_optimizer_offload"), "offload"),
-    **dict.fromkeys(("critic_lora_alpha", "critic_lora_targets"), "critic_lora"),
-}
+# The effect groups _effects models; each knob names its own in the knob table (knobs.UNMODELLED where none).
+MODEL_GROUPS = ("fused_kernels", "gradient_checkpointing", "rollout_enforce_eager", "rollout_logprob_bypass",
+                "critic_lora", "trainer_mode", "tokens", "waves", "batching", "rollout_engine", "offload")
+_GROUP_OF = model_groups()
 
 
 @dataclass(frozen=True)

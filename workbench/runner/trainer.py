@@ -26,13 +26,18 @@ from verl.trainer.ppo.utils import Role
 
 from .. import control as c
 from ..boundary import HotChange, StepBoundary
-from ..knobs import KNOBS
+from ..knobs import KNOBS, budget_of_call
 from ..store import Store
 from .replay_buffer import shorten_poll
 from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
 
 # The knobs the runner changes between steps, and the verl keys each sets (all of them): the hot knobs of the table.
 HOT_KNOB_KEYS = {name: knob.keys for name, knob in KNOBS.items() if knob.apply == "hot"}
+# The runner paths (knobs.RunnerPath kinds) this trainer applies between steps; a hot knob on any other path would
+# pass the supervisor's check and never reach verl (tests/test_knobs.py holds the table to this).
+HOT_PATH_KINDS = ("call_budget",)
+# verl trainer call -> the token-budget knob passed to it, from the knob table's call_budget paths.
+BUDGET_OF_CALL = budget_of_call()
 
 
 def _select(config, path: str):
@@ -128,31 +133,12 @@ class WorkbenchTrainerMixin:
         self._wb_store.add_worker(os.getpid(), "driver", node, self._wb_boundary.segment_id)
 
     # ----------------------------------------------------------------- live token budgets
+    # Each verl call in BUDGET_OF_CALL is overridden below the class (_with_live_budget) to call this first.
     def _wb_with_budget(self, batch, knob: str) -> None:
         budget = getattr(self, "_wb_budgets", {}).get(knob)
         if budget is not None and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
             batch.extra_info["use_dynamic_bsz"] = True
             batch.extra_info["max_token_len_per_gpu"] = int(budget)
-
-    def _compute_old_log_prob(self, batch, metrics):
-        self._wb_with_budget(batch, "logprob_token_budget")
-        return super()._compute_old_log_prob(batch, metrics)
-
-    def _compute_ref_log_prob(self, batch, metrics):
-        self._wb_with_budget(batch, "ref_token_budget")
-        return super()._compute_ref_log_prob(batch, metrics)
-
-    def _compute_values(self, batch, metrics):
-        self._wb_with_budget(batch, "critic_token_budget")
-        return super()._compute_values(batch, metrics)
-
-    def _update_critic(self, batch, metrics):
-        self._wb_with_budget(batch, "critic_token_budget")
-        return super()._update_critic(batch, metrics)
-
-    def _update_actor(self, batch, metrics):
-        self._wb_with_budget(batch, "actor_token_budget")
-        return super()._update_actor(batch, metrics)
 
     # ----------------------------------------------------------------- step boundary
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -164,7 +150,8 @@ class WorkbenchTrainerMixin:
         self._wb_boundary(step)
 
     def _wb_hot_apply(self, changes: dict[str, Any], plan_json: str, step: int) -> HotChange:
-        unknown = sorted(set(changes) - set(HOT_KNOB_KEYS))
+        unknown = sorted(name for name in changes
+                         if name not in HOT_KNOB_KEYS or KNOBS[name].runner.kind not in HOT_PATH_KINDS)
         if unknown:
             raise ValueError(f"not hot-applicable in the runner: {unknown}")
         before = {knob: self._wb_budgets[knob] for knob in changes}
@@ -182,6 +169,19 @@ class WorkbenchTrainerMixin:
     def _wb_end_run(self) -> None:
         self.total_training_steps = self.global_steps  # verl's loop ends after this step
 
+
+def _with_live_budget(call: str, knob: str):
+    """The override of verl's trainer call `call` that hands it `knob`'s live token budget first."""
+    def call_with_budget(self, batch, metrics):
+        self._wb_with_budget(batch, knob)
+        return getattr(super(WorkbenchTrainerMixin, self), call)(batch, metrics)
+
+    call_with_budget.__name__ = call_with_budget.__qualname__ = call
+    return call_with_budget
+
+
+for _call, _knob in BUDGET_OF_CALL.items():
+    setattr(WorkbenchTrainerMixin, _call, _with_live_budget(_call, _knob))
 
 _TRAINERS: dict[type, type] = {}
 
