@@ -28,9 +28,8 @@ def home(tmp_path, monkeypatch):
     """A private VERL_WORKBENCH_HOME: sessions (and the supervisors they spawn) stay under tmp_path. Supervisors
     still running afterwards (a test that failed half-way; a failed session waits for a rollback) are ended."""
     from workbench.paths import sessions_root
-    from workbench.session import process_alive
+    from workbench.procs import kill_tree, process_alive
     from workbench.store import STORE_FILE, Store
-    from workbench.supervisor import kill_tree
 
     monkeypatch.setenv("VERL_WORKBENCH_HOME", str(tmp_path))
     yield tmp_path

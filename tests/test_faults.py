@@ -35,7 +35,8 @@ import pytest
 from workbench import control as c
 from workbench.paths import new_session_dir
 from workbench.plan import Plan
-from workbench.session import HANDLE_FINAL, Session, process_alive, resolve_recording
+from workbench.procs import process_alive
+from workbench.session import HANDLE_FINAL, Session, resolve_recording
 from workbench.store import Store, StoreError
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,8 @@ from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
 from workbench.plan import PlanError
 from workbench.plan import Plan
 from workbench.replay import NO_RECORDED_SEGMENT, TICK_S, TOOK_CONTROL, Recording, replay_factory
-from workbench.session import ReadOnlySession, Session, process_alive, resolve_recording
+from workbench.procs import process_alive
+from workbench.session import ReadOnlySession, Session, resolve_recording
 from workbench.store import Store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,8 @@ import time
 
 import psutil
 
-from workbench.supervisor import kill_tree, looks_like_oom, traceback_tail
+from workbench.procs import end_child, end_process_session, kill_tree, process_alive, session_members
+from workbench.supervisor import looks_like_oom, traceback_tail
 
 # A session leader that leaves an orphan behind (re-parented to init), like a crashed Ray driver leaves its workers.
 ORPHAN_MAKER = """
@@ -90,3 +91,29 @@ def test_restart_environment_says_what_a_relaunch_cannot_carry_over(tmp_path):
     assert env[ACTOR_HF_ENV] == str(tmp_path / "checkpoints" / "global_step_12" / "actor" / "huggingface")
     assert env[STEP_OFFSET_ENV] == "12" and env[SKIP_CRITIC_RESUME_ENV] == "1"
     assert "optimizer state, critic state, data position" in losses[-1]
+
+
+def test_a_child_that_ignores_sigterm_is_killed_and_reaped():
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; "
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(300)"],
+                                stdout=subprocess.PIPE, text=True)
+    stubborn.stdout.readline()  # SIGTERM is ignored from here on
+    started = time.time()
+    end_child(stubborn, grace_s=0.5)
+    assert stubborn.returncode is not None and time.time() - started < 10
+    assert not process_alive(stubborn.pid)
+
+
+def test_ending_a_process_session_leaves_other_sessions_alone():
+    leader = subprocess.Popen([sys.executable, "-c", ORPHAN_MAKER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    orphan_pid = int(leader.stdout.readline())
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        assert {p.pid for p in session_members(leader.pid)} == {leader.pid, orphan_pid}
+        assert set(end_process_session(leader.pid, grace_s=5)) == {leader.pid, orphan_pid}
+        leader.wait(timeout=10)
+        assert process_alive(bystander.pid)
+        assert not [p for p in session_members(leader.pid) if process_alive(p.pid)]  # a zombie has ended too
+    finally:
+        end_child(bystander, grace_s=1)

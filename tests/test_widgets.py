@@ -79,7 +79,7 @@ def end(session: Session) -> None:
     try:
         session.stop(now=True, timeout=60)
     except (TimeoutError, RuntimeError):
-        from workbench.supervisor import kill_tree
+        from workbench.procs import kill_tree
 
         pid = session.meta.get("supervisor_pid")
         if pid is not None:

@@ -37,6 +37,8 @@ from typing import Any
 
 import psutil
 
+from .procs import end
+
 ENABLE_ENV = "WORKBENCH_RAY_CLUSTER"
 START_TIMEOUT_S = 180.0
 
@@ -97,7 +99,7 @@ class SessionRayCluster:
             if proc.returncode == 0:
                 self.address, self.gpus = f"127.0.0.1:{port}", list(gpus)
                 return self.address
-            self._end(self.processes())  # what the failed attempt left
+            end(self.processes())  # what the failed attempt left
         raise RuntimeError(f"ray start --head failed {attempts} times (exit {proc.returncode}): see {self.log_path}")
 
     def alive(self) -> bool:
@@ -107,7 +109,7 @@ class SessionRayCluster:
         """End every process of the cluster (head included) and remove its temp dir."""
         if self.address is None:
             return
-        self._end(self.processes())
+        end(self.processes())
         self.address = self.gpus = None
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
@@ -124,7 +126,7 @@ class SessionRayCluster:
             if not left or time.time() >= deadline:
                 break
             time.sleep(0.5)
-        return self._end(left)
+        return end(left)
 
     def processes(self) -> set[psutil.Process]:
         """Every process of this cluster: its own (their command line names its temp dir) and all under them."""
@@ -172,19 +174,3 @@ class SessionRayCluster:
             if any(mark in arg for arg in (p.info["cmdline"] or [])):
                 yield p
 
-    @staticmethod
-    def _end(procs: set[psutil.Process], grace_s: float = 10.0) -> list[int]:
-        procs = {p for p in procs if p.pid != os.getpid()}
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(list(procs), timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
-        return sorted(p.pid for p in procs)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
-import psutil
 
 from . import control as c
 from . import verl_config
@@ -38,6 +37,7 @@ from .paths import new_session_dir, resolve_session_dir, sessions_root
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .predict import Prediction, closest_cost
 from .predict import predict as predict_plan
+from .procs import end_process_session, process_alive
 from .store import APPEND_TABLES, POLL_FIELDS, STORE_FILE, Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
@@ -803,38 +803,6 @@ def _gone(meta: dict[str, Any], directory: Path) -> str:
         last = []
     return (f"the supervisor (pid {meta.get('supervisor_pid')}) is gone without a word (killed?)"
             + (f"; its log ends: {last[0].strip()}" if last else ""))
-
-
-def end_process_session(sid: int, grace_s: float = 5.0) -> None:
-    """End every process of a process session (a live run and what it started: Ray's head, workers, vLLM), the
-    way the supervisor would have: SIGTERM, then SIGKILL what is left."""
-    procs = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and os.getsid(proc.pid) == sid:
-                procs.append(proc)
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-            continue
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process runs. An exited child that its parent has not reaped yet (a zombie: the kernel that
-    spawned a supervisor stays its parent) has ended all the same."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def resolve_recording(recording: str | os.PathLike) -> Path:

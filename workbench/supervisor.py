@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from omegaconf import OmegaConf
 
 from . import control as c
 from . import verl_config
 from .plan import PLAN_PROBLEM, Plan, PlanError
+from .procs import end_child, kill_tree
 from .runner.runtime import (ACTOR_HF_ENV, CRITIC_GPUS_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV,
                              SUPERVISOR_PID_ENV)
 from .ray_cluster import SessionRayCluster
@@ -44,38 +44,6 @@ POLL_S = 0.1  # a command waits at most this long to be taken: a hot change must
 STOP_GRACE_S = 120.0  # a stop waits for the step boundary this long before it kills the run
 TAIL_LINES = 60
 OOM_SCAN_LINES = 2000
-
-
-def kill_tree(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM a run and everything it started (Ray's GCS, raylet, workers, vLLM engines), SIGKILL what is left.
-
-    The run was started as a session leader, so processes it started keep its session id even after they were
-    re-parented (a crashed Ray driver leaves its workers to init, still holding GPU memory).
-    """
-    procs = {}
-    try:
-        root = psutil.Process(pid)
-        procs = {p.pid: p for p in [root, *root.children(recursive=True)]}
-    except psutil.NoSuchProcess:
-        pass
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and os.getsid(p.pid) == pid:
-                procs.setdefault(p.pid, p)
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-            continue
-    for p in procs.values():
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
 
 
 def log_tail(log_path: Path, lines: int) -> str:
@@ -232,11 +200,7 @@ class Supervisor:
 
     def _stop_sampler(self) -> None:
         if self.sampler is not None and self.sampler.poll() is None:
-            self.sampler.terminate()
-            try:
-                self.sampler.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.sampler.kill()
+            end_child(self.sampler)
 
     # ----------------------------------------------------------------- commands
     def handle_commands(self) -> None:

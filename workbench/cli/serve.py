@@ -25,6 +25,8 @@ from urllib.parse import urlencode
 
 import psutil
 
+from ..procs import end, end_child, process_alive, tree
+
 DASHBOARD_NOTEBOOK = "dashboard.ipynb"
 DEFAULT_PORT = 8866  # Voila's own default
 SESSION_KEY, TOKEN_KEY = "session", "token"
@@ -154,44 +156,13 @@ class DashboardServer:
 
     def processes(self) -> list[psutil.Process]:
         """Voila and everything it started (page kernels sit in process sessions of their own)."""
-        try:
-            parent = psutil.Process(self.process.pid)
-            return [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return tree(self.process.pid)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """End Voila (it shuts its kernels down), then whatever of its tree is left."""
         procs = self.processes()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        alive = [p for p in procs if _running(p)]
-        for p in alive:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(alive, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=grace_s)
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        end_child(self.process, grace_s)
+        end([p for p in procs if process_alive(p.pid)], grace_s)
 
 
 def raise_on_sigterm() -> None:
