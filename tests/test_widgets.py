@@ -113,24 +113,26 @@ def test_every_panel_shows_the_session(proof):
     assert "paused" in status and "replay of h200-proof" in status and "step <b>" in status
     assert f"<b>{fmt(d.ctx.feed.steps.iloc[-1]['perf/throughput'], 4)}</b>" in status
     assert not d.bar.buttons["resume"].disabled and d.bar.buttons["pause"].disabled
-    # utilization: one line per GPU with samples, inside a fixed window on a date axis
-    gpu_lines = [t for t in d.utilization.fig.data if t.name.startswith("GPU")]
-    assert gpu_lines and len(gpu_lines[0].x) > 10 and np.nanmax(gpu_lines[0].y) > 0
-    x0, x1 = d.utilization.fig.layout.xaxis.range
-    assert (x0, x1) == (-d.utilization.window.value, 0.0)  # minutes before the newest sample
-    assert "minutes before" in d.utilization.fig.layout.xaxis.title.text
+    # utilization: one line per GPU with samples, over the last minute of the session's (recorded) time
+    chart = d.utilization.chart
+    gpu_lines = [t for t in chart.traces if t["name"].startswith("GPU")]
+    assert gpu_lines and len(gpu_lines[0]["x"]) > 10 and np.nanmax(gpu_lines[0]["y"]) > 0
+    x0, x1 = chart.figure_layout["xaxis"]["range"]
+    assert x1 - x0 == pytest.approx(1.0) and x1 == pytest.approx(gpu_lines[0]["x"][-1], abs=0.05)
+    assert chart.figure_layout["xaxis"]["title"]["text"] == "recorded minutes since the start (replayed at ×50)"
     d.utilization.metric.value = "mem_used"
     d.refresh()
-    assert "memory used" in d.utilization.fig.layout.title.text and np.nanmax(gpu_lines[0].y) < 200  # GB
+    gpu_lines = [t for t in d.utilization.chart.traces if t["name"].startswith("GPU")]
+    assert "memory used" in d.utilization.chart.figure_layout["title"]["text"] and np.nanmax(gpu_lines[0]["y"]) < 200
     # step breakdown: every step, phases stacking up to the step time, GPU-busy share
-    bars = {t.name: t for t in d.steps.fig.data}
+    bars = {t["name"]: t for t in d.steps.chart.traces}
     steps = d.ctx.feed.steps
-    assert len(bars["gen"].x) == len(steps) and bars["gen"].y[0] > 0
-    total = np.nansum([bars[p].y[0] for p in bars if p != "GPU busy %"])
+    assert len(bars["gen"]["x"]) == len(steps) and bars["gen"]["y"][0] > 0
+    total = np.nansum([bars[p]["y"][0] for p in bars if p != "GPU busy %"])
     assert total == pytest.approx(steps["timing_s/step"].iloc[0], rel=1e-6)
-    assert np.nanmax(bars["GPU busy %"].y) > 0
+    assert np.nanmax(bars["GPU busy %"]["y"]) > 0
     # throughput chart, segments table, placement grid, events, balance, export, knobs
-    assert len(d.throughput.fig.data[1].x) == len(steps)
+    assert len(d.throughput.chart.trace("tokens/s/GPU")["x"]) == len(steps)
     assert "<td>1</td>" in d.throughput.segments.value
     assert "<td>✓ ●</td>" in d.placement.grid.value and "actor_rollout_ref" in d.placement.grid.value
     assert "launched" in d.events.log.value and "util %" in d.events.balance.value
@@ -182,7 +184,7 @@ def test_a_viewer_sees_everything_and_controls_nothing_until_the_token(proof):
     assert all(c.disabled for c in controls(d))
     assert d.changes.apply_button.tooltip == READ_ONLY_REASON and html.escape(READ_ONLY_REASON) in d.bar.message.value
     assert d.token_row.layout.display != "none"
-    assert len(d.utilization.fig.data) > 1 and len(d.steps.fig.data[0].x) >= 1  # the charts all the same
+    assert len(d.utilization.chart.traces) > 1 and len(d.steps.chart.traces[0]["x"]) >= 1  # the charts all the same
     d.token.value = "not-the-token"
     d.unlock.click()
     assert not d.session.is_operator and "not this session" in html.unescape(d.unlock_message.value)
@@ -258,12 +260,12 @@ def test_start_follows_a_new_session_like_the_ended_one(proof, sessions):
 def test_the_live_task_updates_the_charts_without_a_cell_run(started):
     async def watch() -> tuple[int, int]:
         d = Dashboard(started)  # a running loop: the update task starts by itself
-        first = len(d.steps.fig.data[0].x)
+        first = len(d.steps.chart.traces[0]["x"]) if d.steps.chart.traces else 0
         deadline = time.time() + TIMEOUT
-        while len(d.steps.fig.data[0].x) <= first and time.time() < deadline:
+        while (len(d.steps.chart.traces[0]["x"]) if d.steps.chart.traces else 0) <= first and time.time() < deadline:
             await asyncio.sleep(0.5)
         d.close()
-        return first, len(d.steps.fig.data[0].x)
+        return first, len(d.steps.chart.traces[0]["x"])
 
     # A loop of its own in a thread of its own: the browser tests' session-wide Playwright keeps a loop running on
     # the main thread, where asyncio.run() would refuse to start.

@@ -1,21 +1,19 @@
-"""What the plotly charts share: a FigureWidget whose x axis is time in minutes before the newest data point,
-min/max-preserving downsampling (tsdownsample), and marks for segment boundaries and applied changes.
+"""What the time charts share: the session's time axis, min/max-preserving downsampling (tsdownsample), and marks
+for segment boundaries and applied changes, as plotly.js figure parts for `plot.Chart`.
 
-Costs measured in DESIGN.md ("Live widgets"): numpy float arrays inside one `batch_update` per tick; whole arrays
-re-sent (a page that connects later sees them). The x axis is a plain linear one: epoch-ms numpy arrays on a date
-axis, as DESIGN.md proposes, came out wrong in this stack's FigureWidget under Voila (plotly 7.1: the axis showed
-1.79e12-style numbers, or year 2000, while the same figure as static HTML was right), so x is sent as minutes
-relative to the newest point, still numpy float64, and the axis title names that moment's clock time.
+The x axis is minutes since the session began, so every chart's window fits the session. A replay plays its
+recording faster than it ran: its axis is in recorded minutes (wall time × speed) and says so. Arrays stay numpy
+float64 (sent as binary; DESIGN.md "Live widgets" measured what lists and timestamps cost).
 """
 
 from __future__ import annotations
 
-import copy
 import html
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 from tsdownsample import MinMaxLTTBDownsampler, NaNMinMaxLTTBDownsampler
 
 # Points per line a chart of ~1000 px can show; more only costs transfer and drawing.
@@ -23,6 +21,10 @@ POINTS_PER_LINE = 1000
 # Events worth a mark on a time axis (the rest, e.g. telemetry notes, stay in the events log).
 MARKED_EVENTS = ("applied", "restart_pending", "checkpoint", "launched", "started", "crash", "stopped",
                  "paused", "resumed", "refused", "rollback")
+# Segment labels closer than this share of the axis go on the next row down (at most LABEL_ROWS rows).
+LABEL_GAP = 0.08
+LABEL_ROWS = 3
+EVENT_MARK = dict(symbol="triangle-down", size=10, color="#b26a00")
 _MINMAX = MinMaxLTTBDownsampler()
 _NAN_MINMAX = NaNMinMaxLTTBDownsampler()
 
@@ -38,56 +40,76 @@ def downsample(x: np.ndarray, y: np.ndarray, points: int = POINTS_PER_LINE) -> t
     return x[index], y[index]
 
 
-def minutes_before(t: np.ndarray, t_end: float) -> np.ndarray:
-    """Epoch seconds as minutes before t_end (≤ 0): the charts' x axis."""
-    return (np.asarray(t, dtype=np.float64) - t_end) / 60.0
+@dataclass(frozen=True)
+class TimeAxis:
+    """Epoch seconds → minutes since the session began, in the recording's time for a replay."""
+
+    start: float  # epoch s the session began
+    scale: float = 1.0  # recorded seconds per wall-clock second (a replay's speed)
+    replay: bool = False
+
+    @classmethod
+    def of(cls, meta: dict[str, Any], first_t: float | None = None) -> "TimeAxis":
+        start = meta.get("created")
+        start = float(start) if isinstance(start, (int, float)) else float(first_t if first_t is not None else time.time())
+        if meta.get("kind") == "replay":
+            speed = meta.get("speed")
+            return cls(start, float(speed) if isinstance(speed, (int, float)) and speed > 0 else 1.0, replay=True)
+        return cls(start)
+
+    def minutes(self, t) -> np.ndarray:
+        return (np.asarray(t, dtype=np.float64) - self.start) * self.scale / 60.0
+
+    @property
+    def title(self) -> str:
+        if self.replay:
+            return f"recorded minutes since the start (replayed at ×{self.scale:g})"
+        return f"minutes since the session started ({time.strftime('%H:%M', time.localtime(self.start))})"
 
 
-def time_axis_title(t_end: float) -> str:
-    return f"minutes before {time.strftime('%H:%M:%S', time.localtime(t_end))} (newest data)"
-
-
-def time_figure(title: str, y_title: str, height: int = 320) -> go.FigureWidget:
-    """A FigureWidget with x in minutes before the newest data and an invisible 0–1 axis for event marks."""
-    fig = go.FigureWidget(layout=dict(
-        title=dict(text=title, font=dict(size=14)), height=height, margin=dict(l=50, r=20, t=40, b=40),
-        xaxis=dict(title=dict(text="minutes", font=dict(size=11))), yaxis=dict(title=y_title, rangemode="tozero"),
+def time_layout(title: str, y_title: str, axis: TimeAxis, height: int = 320, **extra: Any) -> dict[str, Any]:
+    """A time chart's layout: x in the session's minutes (autoranged: the whole session), an invisible 0–1 axis
+    (yaxis2) for event marks."""
+    layout = dict(
+        title=dict(text=title, font=dict(size=14)), height=height, margin=dict(l=55, r=55, t=40, b=45),
+        xaxis=dict(title=dict(text=axis.title, font=dict(size=11)), zeroline=False),
+        yaxis=dict(title=dict(text=y_title), rangemode="tozero"),
         yaxis2=dict(overlaying="y", range=[0, 1], visible=False, fixedrange=True),
-        legend=dict(orientation="h", y=-0.15), hovermode="closest", uirevision="keep",
-    ))
-    fig.add_scatter(x=np.empty(0), y=np.empty(0), yaxis="y2", mode="markers", name="events",
-                    marker=dict(symbol="triangle-down", size=10, color="#b26a00"), hoverinfo="text",
-                    text=[], showlegend=False)
-    sync_page_state(fig)
-    return fig
-
-
-def sync_page_state(fig: go.FigureWidget) -> None:
-    """Make traces and layout set after the figure was built part of the state a page draws it from. plotly sends
-    them as messages only, and a page that renders the figure later (Voila renders after the cell ran) draws the
-    state it was built with: without this it has no trace for any later update to land on."""
-    fig._widget_data = copy.deepcopy(fig._data)
-    fig._widget_layout = copy.deepcopy(fig._layout)
-
-
-def event_marks(events, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Marked events inside [t0, t1] as (x in minutes before t1, y on the 0–1 axis, hover text)."""
-    if events is None or not len(events):
-        return np.empty(0), np.empty(0), []
-    inside = events[events["kind"].isin(MARKED_EVENTS) & (events["t"] >= t0) & (events["t"] <= t1)]
-    x = minutes_before(inside["t"].to_numpy(dtype=np.float64), t1)
-    text = [f"{k}: {html.escape(str(t))}" for k, t in zip(inside["kind"], inside["text"])]
-    return x, np.full(len(x), 0.97), text
-
-
-def segment_lines(segments, t0: float, t1: float) -> tuple[dict, ...]:
-    """Vertical lines where segments began inside [t0, t1] (a segment = one plan that ran), x in minutes before t1."""
-    if segments is None or not len(segments) or "started_at" not in segments:
-        return ()
-    starts = segments[(segments["started_at"] >= t0) & (segments["started_at"] <= t1)]
-    return tuple(
-        dict(type="line", xref="x", yref="paper", x0=(t - t1) / 60.0, x1=(t - t1) / 60.0, y0=0, y1=1,
-             line=dict(color="#888", width=1, dash="dot"), label=dict(text=f"segment {int(i)}", textposition="end",
-                                                                          font=dict(size=10)))
-        for i, t in zip(starts["id"], starts["started_at"])
+        legend=dict(orientation="h", y=-0.2), hovermode="closest", uirevision="keep",
     )
+    layout.update(extra)
+    return layout
+
+
+def event_trace(events, axis: TimeAxis, t0: float, t1: float) -> dict[str, Any]:
+    """Marked events inside [t0, t1] as triangles along the chart's top, their words on hover."""
+    if events is None or not len(events):
+        x, text = np.empty(0), []
+    else:
+        inside = events[events["kind"].isin(MARKED_EVENTS) & (events["t"] >= t0) & (events["t"] <= t1)]
+        x = axis.minutes(inside["t"].to_numpy(dtype=np.float64))
+        text = [f"{k}: {html.escape(str(t))}" for k, t in zip(inside["kind"], inside["text"])]
+    return dict(type="scatter", x=x, y=np.full(len(x), 0.97), yaxis="y2", mode="markers", name="events",
+                marker=EVENT_MARK, hoverinfo="text", text=text, showlegend=False)
+
+
+def segment_marks(segments, axis: TimeAxis, t0: float, t1: float) -> tuple[list[dict], list[dict]]:
+    """Dotted vertical lines where segments (one plan each) began inside [t0, t1], and their labels as annotations
+    on rows that keep neighbours from overlapping."""
+    if segments is None or not len(segments) or "started_at" not in segments:
+        return [], []
+    starts = segments[(segments["started_at"] >= t0) & (segments["started_at"] <= t1)]
+    xs = axis.minutes(starts["started_at"].to_numpy(dtype=np.float64))
+    span = max(float(axis.minutes(t1) - axis.minutes(t0)), 1e-9)
+    shapes, labels, last_on_row = [], [], [-np.inf] * LABEL_ROWS
+    for segment_id, x in zip(starts["id"], xs):
+        shapes.append(dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1,
+                           line=dict(color="#888", width=1, dash="dot")))
+        row = next((r for r in range(LABEL_ROWS) if (x - last_on_row[r]) / span >= LABEL_GAP), None)
+        if row is None:
+            continue  # no room: the line stays, its number is on hover of the segments table
+        last_on_row[row] = x
+        labels.append(dict(x=x, xref="x", y=1.0 - 0.07 * row, yref="paper", text=f"seg {int(segment_id)}",
+                           showarrow=False, xanchor="left", font=dict(size=10, color="#555"),
+                           bgcolor="rgba(255,255,255,0.7)"))
+    return shapes, labels

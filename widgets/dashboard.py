@@ -21,8 +21,10 @@ step breakdown (step_breakdown.py), throughput and segments (throughput.py), adv
 
 **Live updates.** One asyncio task on the kernel's event loop: every `interval_s` (≥ 0.5 s: at most 2 Hz) it runs
 `Feed.read()` and the panels' `prepare` (store reads, pandas, downsampling) in a worker thread
-(`asyncio.to_thread`), then the panels' `show` (widget assignments, one plotly `batch_update` per chart) on the
-loop thread. Widget callbacks (which JupyterLab 4 may run on another thread) and the loop share state under
+(`asyncio.to_thread`), then the panels' `show` (widget assignments, one `Chart.draw` per chart with news: the
+charts' synced state is their data, so a page that renders later draws it; widgets/plot.py) on the loop thread.
+The loop pauses while no page shows the charts (their views say so every few seconds), so that a page kernel
+whose page is gone falls idle and Jupyter's culling can end it; the next view resumes it. Widget callbacks (which JupyterLab 4 may run on another thread) and the loop share state under
 `Context.lock`. Nothing writes into an Output widget from background code. The task starts when an event loop runs
 (a kernel); without one (a plain script, pytest) call `refresh()`.
 
@@ -57,19 +59,21 @@ from .events import EventsPanel
 from .export import ExportPanel
 from .feed import Feed
 from .placement import PlacementPanel
+from .plot import plotly_js
 from .session_bar import SessionBar
 from .step_breakdown import StepBreakdownPanel
 from .throughput import ThroughputPanel
 from .tune import TunePanel
-from .utilization import UtilizationPanel
+from .utilization import WHOLE_SESSION, UtilizationPanel
 
 SESSION_PARAM, TOKEN_PARAM = "session", "token"
 MIN_INTERVAL_S = 0.5  # at most 2 Hz: each tick re-sends whole chart arrays to every viewer
-# plotly sends chart updates as messages that only views existing at that moment draw: a page that renders the
-# figure later (Voila renders after the cell ran; a reloaded page) would keep empty charts while nothing changes.
-# So the loop re-sends every chart's whole arrays this often even without news.
-RESEND_CHARTS_S = 3.0
-CHART_NEWS = frozenset({"samples", "steps", "step_samples", "events", "segments"})
+# A page kernel whose page is gone must fall idle, so that Jupyter's culling can end it: the loop pauses once no
+# view of a chart has said it is shown (every 5 s, widgets/static/chart.js) for this long, and resumes at the next.
+NO_VIEW_PAUSE_S = 30.0
+# Before the first view: a page kernel runs the page's code before the browser renders it (slow on a busy machine).
+FIRST_VIEW_WAIT_S = 180.0
+PAUSED_POLL_S = 1.0  # while paused the loop only looks for a view again: no store reads, no messages
 # What a full refresh tells every panel is new (each then recomputes and re-sends what it shows).
 ALL_NEWS = frozenset({"state", "meta", "steps", "events", "samples", "step_samples", "knobs", "segments",
                       "placement", "findings"})
@@ -96,12 +100,12 @@ def operator_session(session: Session, token: str) -> Session:
 
 
 class Dashboard:
-    def __init__(self, session: Session, token: str | None = None, *, live: bool = True, window_min: int = 10,
-                 interval_s: float = MIN_INTERVAL_S):
+    def __init__(self, session: Session, token: str | None = None, *, live: bool = True,
+                 window_min: int = WHOLE_SESSION, interval_s: float = MIN_INTERVAL_S):
         if token:
             session = operator_session(session, token)
         self.interval_s = max(float(interval_s), MIN_INTERVAL_S)
-        self.ctx = Context(session, Feed(session, window_s=window_min * 60.0))
+        self.ctx = Context(session, Feed(session, window_min=window_min))
         self.bar = SessionBar(self.ctx, switch=self._switch)
         self.changes = ChangesPanel(self.ctx)
         self.placement = PlacementPanel(self.ctx, self.changes.placement_editors)
@@ -124,7 +128,7 @@ class Dashboard:
                                  self.token, self.unlock, self.unlock_message])
         column = dict(layout=W.Layout(width="50%", min_width="420px"))
         self.widget = W.VBox([
-            W.HTML(CSS), self.bar.widget, self.token_row, self.errors,
+            W.HTML(CSS), plotly_js(), self.bar.widget, self.token_row, self.errors,
             W.HBox([W.VBox([self.utilization.widget], **column), W.VBox([self.steps.widget], **column)],
                    layout=W.Layout(flex_flow="row wrap")),
             W.HBox([W.VBox([self.changes.widget], **column),
@@ -136,7 +140,9 @@ class Dashboard:
         ], _dom_classes=["wb-dashboard"])
         self._tick = threading.Lock()  # one read+prepare at a time (the loop, or a refresh() call)
         self.timings_ms: dict[str, float] = {}
-        self._charts_sent_at = time.monotonic()
+        self.charts = (self.utilization.chart, self.steps.chart, self.throughput.chart)
+        self._built_at = time.monotonic()
+        self.paused_for_no_view = False
         self._task: asyncio.Task | None = None
         self._closed = False
         self.refresh()
@@ -169,9 +175,6 @@ class Dashboard:
         with self._tick:
             started = time.perf_counter()
             news = self.ctx.feed.read() | (ALL_NEWS if everything else set())
-            if time.monotonic() - self._charts_sent_at >= RESEND_CHARTS_S:
-                news |= CHART_NEWS
-                self._charts_sent_at = time.monotonic()
             timings = {"read": (time.perf_counter() - started) * 1000.0}
             payloads = []
             for panel in self.panels:
@@ -225,8 +228,20 @@ class Dashboard:
         self._task = loop.create_task(self._run())
         return True
 
+    def unseen_for_s(self) -> float:
+        """Seconds since a view of a chart last said it is shown (before the first: since the dashboard was built,
+        less the wait granted for the first page to render)."""
+        seen = [chart.last_view_at for chart in self.charts if chart.last_view_at is not None]
+        last = max(seen) if seen else self._built_at + FIRST_VIEW_WAIT_S - NO_VIEW_PAUSE_S
+        return time.monotonic() - last
+
     async def _run(self) -> None:
         while not self._closed:
+            if self.unseen_for_s() > NO_VIEW_PAUSE_S:  # no page shows it: no reads, no messages (the kernel idles)
+                self.paused_for_no_view = True
+                await asyncio.sleep(PAUSED_POLL_S)
+                continue
+            self.paused_for_no_view = False
             started = time.monotonic()
             try:
                 payloads = await asyncio.to_thread(self._read, False)
@@ -245,9 +260,9 @@ class Dashboard:
     def _switch(self, session: Session) -> None:
         """Follow another session (one the Start button began): a new feed; the panels redraw from it."""
         with self._tick, self.ctx.lock:
-            window_s = self.ctx.feed.window_s
+            window_min = self.ctx.feed.window_min
             self.ctx.session = session
-            self.ctx.feed = Feed(session, window_s=window_s)
+            self.ctx.feed = Feed(session, window_min=window_min)
 
     # ----------------------------------------------------------------- operator token typed into the page
     def _unlock(self) -> None:

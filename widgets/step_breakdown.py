@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import ipywidgets as W
 import numpy as np
-import plotly.graph_objects as go
 
-from .charts import sync_page_state
 from .common import heading
 from .feed import STEPS_SHOWN
+from .plot import Chart
 
 PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 REST = "rest of step"
@@ -55,32 +54,38 @@ def busy_share(samples, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return out
 
 
+def breakdown_figure(labels: list[str], seconds: dict[str, np.ndarray], busy: np.ndarray) -> tuple[list, dict]:
+    """Stacked bars of seconds per phase for each step (x: "segment·step"), GPU-busy % on the right axis."""
+    layout = dict(
+        title=dict(text=f"Where each step's time goes (last {STEPS_SHOWN} steps; x = segment·step)",
+                   font=dict(size=14)),
+        barmode="stack", height=340, margin=dict(l=50, r=55, t=40, b=45), xaxis=dict(type="category"),
+        yaxis=dict(title=dict(text="s")), legend=dict(orientation="h", y=-0.25), uirevision="keep",
+        yaxis2=dict(title=dict(text="GPU busy %"), overlaying="y", side="right", range=[0, 105]),
+    )
+    if not labels:
+        layout["annotations"] = [dict(text="waiting for the first step", xref="paper", yref="paper", x=0.5, y=0.5,
+                                      showarrow=False, font=dict(color="#777"))]
+        return [], layout
+    data = [dict(type="bar", x=labels, y=seconds[phase], name=phase, marker=dict(color=color))
+            for phase, color in zip((*PHASES, REST), COLORS) if not np.isnan(seconds[phase]).all()]
+    data.append(dict(type="scatter", x=labels, y=busy, name="GPU busy %", yaxis="y2", mode="lines+markers",
+                     line=dict(color="black", width=1.5), marker=dict(size=4)))
+    return data, layout
+
+
 class StepBreakdownPanel:
     def __init__(self, ctx):
         self.ctx = ctx
-        self.fig = go.FigureWidget(layout=dict(
-            title=dict(text=f"Where each step's time goes (last {STEPS_SHOWN} steps; x = segment·step)",
-                       font=dict(size=14)),
-            barmode="stack", height=340, margin=dict(l=50, r=50, t=40, b=40), xaxis=dict(type="category"),
-            yaxis=dict(title="s"), yaxis2=dict(title="GPU busy %", overlaying="y", side="right", range=[0, 105]),
-            legend=dict(orientation="h", y=-0.2), uirevision="keep",
-        ))
-        for phase, color in zip((*PHASES, REST), COLORS):
-            self.fig.add_bar(x=[], y=np.empty(0), name=phase, marker_color=color)
-        self.fig.add_scatter(x=[], y=np.empty(0), name="GPU busy %", yaxis="y2", mode="lines+markers",
-                             line=dict(color="black", width=1.5), marker=dict(size=4))
-        sync_page_state(self.fig)
-        self.widget = W.VBox([heading("Step breakdown"), self.fig], _dom_classes=["wb-steps"])
+        data, layout = breakdown_figure([], {}, np.empty(0))
+        self.chart = Chart(layout, data, _dom_classes=["wb-chart", "wb-steps-chart"])
+        self.widget = W.VBox([heading("Step breakdown"), self.chart], _dom_classes=["wb-steps"])
 
     def prepare(self, feed, news):
         if not news & {"steps", "step_samples"} or not len(feed.steps):
             return None
         labels, seconds, starts, ends = phase_seconds(feed.steps)
-        return labels, seconds, busy_share(feed.step_samples, starts, ends)
+        return breakdown_figure(labels, seconds, busy_share(feed.step_samples, starts, ends))
 
     def show(self, payload) -> None:
-        labels, seconds, busy = payload
-        with self.fig.batch_update():
-            for trace, phase in zip(self.fig.data, (*PHASES, REST)):
-                trace.x, trace.y = labels, seconds[phase]
-            self.fig.data[-1].x, self.fig.data[-1].y = labels, busy
+        self.chart.draw(*payload)

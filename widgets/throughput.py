@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import time
+
 import ipywidgets as W
 import numpy as np
 import pandas as pd
 
-from .charts import (
-    downsample, event_marks, minutes_before, segment_lines, sync_page_state, time_axis_title, time_figure,
-)
+from .charts import TimeAxis, downsample, event_trace, segment_marks, time_layout
 from .common import assign, heading, table
+from .plot import Chart
 
 SERIES = (  # step metric -> (legend name, axis, scale)
     ("perf/throughput", "tokens/s/GPU", "y", 1.0),
@@ -22,6 +23,31 @@ SEGMENT_COLUMNS = (  # column -> heading
     ("step_time_s", "s/step"), ("util_mean", "util %"), ("sm_active_mean", "SM active %"),
     ("mem_peak_gb", "peak memory GB"), ("diff_text", "change from the previous segment"), ("reason", "why it began/ended"),
 )
+WAITING = "waiting for the first step (verl's start-up comes first)"
+
+
+def throughput_figure(steps: pd.DataFrame, events, segments, axis: TimeAxis) -> tuple[list[dict], dict]:
+    """Traces and layout: tokens/s/GPU and MFU per step, segment starts and marked events, on the session's axis."""
+    layout = time_layout("Throughput per step", "tokens/s/GPU", axis, height=300,
+                         yaxis3=dict(title=dict(text="MFU %"), overlaying="y", side="right", rangemode="tozero"))
+    if not len(steps):
+        layout["annotations"] = [dict(text=WAITING, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                                      font=dict(color="#777"))]
+        return [], layout
+    t = steps["t"].to_numpy(dtype=np.float64)
+    x = axis.minutes(t)
+    data = []
+    for column, name, yaxis, scale in SERIES:
+        if column not in steps or steps[column].isna().all():
+            continue  # verl did not report it (e.g. no critic): no empty legend entry
+        sx, sy = downsample(x, steps[column].to_numpy(dtype=np.float64) * scale)
+        data.append(dict(type="scatter", x=sx, y=sy, name=name, yaxis=yaxis, mode="lines+markers",
+                         marker=dict(size=5), line=dict(dash="dot" if yaxis == "y3" else "solid")))
+    t0 = min(float(t[0]) - 60.0, axis.start)
+    t1 = float(t[-1])
+    data.append(event_trace(events, axis, t0, t1))
+    layout["shapes"], layout["annotations"] = segment_marks(segments, axis, t0, t1)
+    return data, layout
 
 
 def segment_rows(segments: pd.DataFrame) -> tuple[list[list], list[str]]:
@@ -35,29 +61,17 @@ def segment_rows(segments: pd.DataFrame) -> tuple[list[list], list[str]]:
 class ThroughputPanel:
     def __init__(self, ctx):
         self.ctx = ctx
-        self.fig = time_figure("Throughput per step", "tokens/s/GPU", height=300)
-        self.fig.layout.yaxis3 = dict(title="MFU %", overlaying="y", side="right", rangemode="tozero")
-        for _, name, axis, _ in SERIES:
-            self.fig.add_scatter(x=np.empty(0), y=np.empty(0), name=name, yaxis=axis, mode="lines+markers",
-                                 marker=dict(size=4), line=dict(dash="dot" if axis == "y3" else "solid"))
-        sync_page_state(self.fig)
+        data, layout = throughput_figure(pd.DataFrame(), None, None, TimeAxis(time.time()))
+        self.chart = Chart(layout, data, _dom_classes=["wb-chart", "wb-throughput-chart"])
         self.segments = W.HTML(_dom_classes=["wb-segments-table"])
-        self.widget = W.VBox([heading("Throughput"), self.fig, heading("Segments"), self.segments],
+        self.widget = W.VBox([heading("Throughput"), self.chart, heading("Segments"), self.segments],
                              _dom_classes=["wb-throughput"])
 
     def prepare(self, feed, news):
         payload = {}
-        steps = feed.steps
-        if news & {"steps", "events", "segments"} and len(steps):
-            t1 = float(steps["t"].iloc[-1])
-            x = minutes_before(steps["t"].to_numpy(dtype=np.float64), t1)
-            lines = []
-            for column, _, _, scale in SERIES:
-                y = steps[column].to_numpy(dtype=np.float64) * scale if column in steps else np.full(len(x), np.nan)
-                lines.append(downsample(x, y))
-            t0 = float(steps["t"].iloc[0]) - 60.0
-            payload["chart"] = (lines, event_marks(feed.events, t0, t1), segment_lines(feed.segments, t0, t1),
-                                time_axis_title(t1))
+        if news & {"steps", "events", "segments", "meta"}:
+            first = float(feed.steps["t"].iloc[0]) if len(feed.steps) else None
+            payload["chart"] = throughput_figure(feed.steps, feed.events, feed.segments, TimeAxis.of(feed.meta, first))
         if "segments" in news and len(feed.segments):
             rows, classes = segment_rows(feed.segments)
             payload["table"] = table([h for _, h in SEGMENT_COLUMNS], rows, row_classes=classes,
@@ -66,12 +80,6 @@ class ThroughputPanel:
 
     def show(self, payload) -> None:
         if "chart" in payload:
-            lines, (mx, my, mtext), shapes, x_title = payload["chart"]
-            with self.fig.batch_update():
-                for trace, (x, y) in zip(self.fig.data[1:], lines):
-                    trace.x, trace.y = x, y
-                self.fig.data[0].x, self.fig.data[0].y, self.fig.data[0].text = mx, my, mtext
-                self.fig.layout.shapes = shapes
-                self.fig.layout.xaxis.title.text = x_title
+            self.chart.draw(*payload["chart"])
         if "table" in payload:
             assign(self.segments, value=payload["table"])

@@ -1,5 +1,6 @@
 """Utilization chart: one line per GPU of the selected metric (util, SM active, tensor active, DRAM active,
-memory, power) over the last N minutes (a fixed window), with segment boundaries and applied changes marked.
+memory, power) over the whole session (the default) or its last N minutes, with segment boundaries and applied
+changes marked.
 
 Samples come aggregated per bucket in SQL (`Session.samples(window_s, every_s)`, via the feed); each GPU's line is
 then cut to what the chart can show with min/max-preserving downsampling.
@@ -12,10 +13,9 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from .charts import (
-    downsample, event_marks, minutes_before, segment_lines, sync_page_state, time_axis_title, time_figure,
-)
+from .charts import TimeAxis, downsample, event_trace, segment_marks, time_layout
 from .common import heading
+from .plot import Chart
 
 # metric column -> (label, unit, scale from the stored unit)
 METRICS = {
@@ -26,77 +26,74 @@ METRICS = {
     "mem_used": ("memory used", "GB", 1 / 1024.0),  # stored in MiB
     "power_w": ("power", "W", 1.0),
 }
-WINDOWS_MIN = (1, 5, 15, 60)
+WHOLE_SESSION = 0  # the window choice that fits the session
+WINDOWS_MIN = (WHOLE_SESSION, 1, 5, 15, 60)
+
+
+def window_label(minutes: int) -> str:
+    return "whole session" if minutes == WHOLE_SESSION else f"last {minutes} min"
+
+
+def utilization_figure(samples, events, segments, metric: str, window_min: int, axis: TimeAxis) -> tuple[list, dict]:
+    """One line per GPU (per node:GPU on several nodes), marked events and segment starts; the x range is the
+    last `window_min` minutes of the session's axis, or all of it."""
+    label, unit, scale = METRICS[metric]
+    data = []
+    if len(samples):
+        t1 = float(samples["t"].max())
+        multi = "node" in samples and samples["node"].nunique() > 1
+        for key, group in samples.groupby(["node", "gpu"] if multi else ["gpu"], sort=True):
+            name = f"{key[0]}:GPU {key[1]}" if multi else f"GPU {key[0]}"
+            y = group[metric].to_numpy(dtype=np.float64) * scale if metric in group else np.full(len(group), np.nan)
+            x, y = downsample(axis.minutes(group["t"].to_numpy(dtype=np.float64)), y)
+            data.append(dict(type="scatter", x=x, y=y, mode="lines", name=name, line=dict(width=1.5)))
+        t0 = float(samples["t"].min())
+    else:
+        t0 = t1 = time.time()
+    t0 = min(t0, axis.start)
+    data.append(event_trace(events, axis, t0, t1))
+    layout = time_layout(f"{label} per GPU ({unit})", unit, axis)
+    layout["shapes"], layout["annotations"] = segment_marks(segments, axis, t0, t1)
+    if window_min != WHOLE_SESSION:
+        now = float(axis.minutes(t1))
+        layout["xaxis"]["range"] = [now - window_min, now]
+    if not len(samples):
+        layout["annotations"].append(dict(text="no GPU samples yet", xref="paper", yref="paper", x=0.5, y=0.5,
+                                          showarrow=False, font=dict(color="#777")))
+    return data, layout
 
 
 class UtilizationPanel:
-    def __init__(self, ctx, window_min: int = 10):
+    def __init__(self, ctx, window_min: int = WHOLE_SESSION):
         self.ctx = ctx
-        window_min = window_min if window_min in WINDOWS_MIN else 15
+        window_min = window_min if window_min in WINDOWS_MIN else WHOLE_SESSION
         self.metric = W.ToggleButtons(options=[(v[0], k) for k, v in METRICS.items()], value="util",
                                       style={"button_width": "auto"}, _dom_classes=["wb-util-metric"])
-        self.window = W.Dropdown(options=[(f"last {m} min", m) for m in WINDOWS_MIN], value=window_min,
-                                 layout=W.Layout(width="140px"), _dom_classes=["wb-util-window"])
-        self.fig = time_figure("GPU utilization", "%")
-        self.gpu_traces: dict[str, int] = {}  # "node:gpu" -> index in fig.data
+        self.window = W.Dropdown(options=[(window_label(m), m) for m in WINDOWS_MIN], value=window_min,
+                                 layout=W.Layout(width="150px"), _dom_classes=["wb-util-window"])
+        data, layout = utilization_figure([], None, None, "util", window_min, TimeAxis(time.time()))
+        self.chart = Chart(layout, data, _dom_classes=["wb-chart", "wb-utilization-chart"])
         self._dirty = True
-        self._shapes: tuple = ()
         self.metric.observe(self._changed, "value")
         self.window.observe(self._changed, "value")
-        ctx.feed.window_s = window_min * 60.0
-        self.widget = W.VBox([heading("GPU utilization"), W.HBox([self.metric, self.window]), self.fig],
+        ctx.feed.window_min = window_min
+        self.widget = W.VBox([heading("GPU utilization"), W.HBox([self.metric, self.window]), self.chart],
                              _dom_classes=["wb-utilization"])
 
     def _changed(self, _change) -> None:
         with self.ctx.lock:
-            self.ctx.feed.window_s = self.window.value * 60.0
+            self.ctx.feed.window_min = self.window.value
             self._dirty = True
 
     def prepare(self, feed, news):
         with self.ctx.lock:
             dirty, self._dirty = self._dirty, False
-            metric = self.metric.value
-        if not dirty and not news & {"samples", "events", "segments"}:
+            metric, window_min = self.metric.value, self.window.value
+        if not dirty and not news & {"samples", "events", "segments", "meta"}:
             return None
-        samples = feed.samples
-        window_s = feed.window_s
-        label, unit, scale = METRICS[metric]
-        lines = {}
-        if len(samples):
-            t1 = float(samples["t"].max())
-            multi = "node" in samples and samples["node"].nunique() > 1
-            for key, group in samples.groupby(["node", "gpu"] if multi else ["gpu"], sort=True):
-                name = f"{key[0]}:GPU {key[1]}" if multi else f"GPU {key[0]}"
-                x = minutes_before(group["t"].to_numpy(dtype=np.float64), t1)
-                y = group[metric].to_numpy(dtype=np.float64) * scale if metric in group else np.full(len(x), np.nan)
-                lines[name] = downsample(x, y)
-        else:
-            t1 = time.time()
-        t0 = t1 - window_s
-        marks = event_marks(feed.events, t0, t1)
-        shapes = segment_lines(feed.segments, t0, t1)
-        return label, unit, lines, marks, shapes, (-window_s / 60.0, 0.0), time_axis_title(t1)
+        first = float(feed.samples["t"].min()) if len(feed.samples) else None
+        return utilization_figure(feed.samples, feed.events, feed.segments, metric, window_min,
+                                  TimeAxis.of(feed.meta, first))
 
     def show(self, payload) -> None:
-        label, unit, lines, (mx, my, mtext), shapes, x_range, x_title = payload
-        fig = self.fig
-        new = [name for name in lines if name not in self.gpu_traces]
-        for name in new:  # a GPU seen for the first time gets its line (rare: at start-up)
-            fig.add_scatter(x=np.empty(0), y=np.empty(0), mode="lines", name=name, line=dict(width=1.5))
-            self.gpu_traces[name] = len(fig.data) - 1
-        with fig.batch_update():
-            for name, index in self.gpu_traces.items():
-                x, y = lines.get(name, (np.empty(0), np.empty(0)))
-                fig.data[index].x = x
-                fig.data[index].y = y
-            events = fig.data[0]
-            events.x, events.y, events.text = mx, my, mtext
-            fig.layout.xaxis.range = x_range
-            fig.layout.xaxis.title.text = x_title
-            fig.layout.title.text = f"{label} per GPU ({unit})"
-            fig.layout.yaxis.title.text = unit
-            if shapes != self._shapes:
-                fig.layout.shapes = shapes
-                self._shapes = shapes
-        if new:
-            sync_page_state(fig)
+        self.chart.draw(*payload)

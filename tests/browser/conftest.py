@@ -133,9 +133,94 @@ CHART_POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot
     gd => (gd.data || []).reduce((n, trace) => n + ((trace.x && trace.x.length) || 0), 0)).reduce((a, b) => a + b, 0)"""
 
 
+# Per chart panel: the data points drawn in its SVG (markers, bars, and the vertices of lines with data), read from
+# the DOM a person sees, not from the figure's data.
+CHART_PANELS = ("wb-utilization", "wb-steps", "wb-throughput")
+CHART_DRAWN_JS = """(panels) => Object.fromEntries(panels.map(panel => {
+    const gd = document.querySelector(`.${panel} .js-plotly-plot`);
+    if (!gd) return [panel, 0];
+    const marks = gd.querySelectorAll('g.trace g.points > *').length;
+    const vertices = Array.from(gd.querySelectorAll('g.trace path.js-line')).map(p => p.getAttribute('d') || '')
+        .filter(d => d.includes('L')).reduce((n, d) => n + d.split('L').length, 0);
+    return [panel, marks + vertices];
+}))"""
+# What a page may log only when a widget failed (anywidget gives a model 2 s to initialize; ipywidgets' own words).
+WIDGET_FAILURES = ("Failed to initialize model", "Could not create", "Error creating widget", "Error rendering",
+                   "Failed to load model", "Class not found")
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Every chart drawn after the page's widgets are there, on a loaded 2-core machine (bench/ has the quiet figure).
+DRAWN_WITHIN_S = 120
+
+
+def chart_drawn(page) -> dict[str, int]:
+    """{chart panel: data points drawn in its SVG} (0: no chart there, or nothing drawn)."""
+    return page.evaluate(CHART_DRAWN_JS, list(CHART_PANELS))
+
+
+@dataclass
+class PageGuard:
+    """What a page asked of other hosts (refused: a server with no internet must work) and the widget failures it
+    logged; `check()` fails the test on either."""
+
+    outside: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        assert not self.outside, f"requests leaving 127.0.0.1: {self.outside}"
+        assert not self.failures, f"widget failures in the console: {self.failures}"
+
+
+def guard_page(page) -> PageGuard:
+    """Refuse (and record) every request to a host other than this machine; record widget failures logged."""
+    from urllib.parse import urlsplit
+
+    guard = PageGuard()
+
+    def route(r) -> None:
+        url = r.request.url
+        parts = urlsplit(url)
+        if parts.scheme in ("data", "blob") or parts.hostname in LOCAL_HOSTS:
+            r.continue_()
+        else:
+            guard.outside.append(url)
+            r.abort()
+
+    def console(message) -> None:
+        text = message.text
+        guard.console.append(f"{message.type}: {text}")
+        if any(words in text for words in WIDGET_FAILURES):
+            guard.failures.append(text[:300])
+
+    page.route("**/*", route)
+    page.on("console", console)
+    page.on("pageerror", lambda error: guard.failures.append(f"page error: {str(error)[:300]}"))
+    return guard
+
+
+def assert_every_chart_drawn(page, guard: PageGuard, what: str, timeout: float = DRAWN_WITHIN_S) -> dict[str, int]:
+    """Wait until every chart panel has data drawn; then no request may have left this machine and no widget
+    failed. On failure: a screenshot, the points each chart had, and the console's last words."""
+    seen: dict[str, int] = {}
+
+    def every_chart_drawn() -> dict[str, int] | None:
+        seen.update(chart_drawn(page))
+        return dict(seen) if all(n > 0 for n in seen.values()) else None
+
+    try:
+        drawn = wait_until(every_chart_drawn, timeout, f"every chart drawn on the {what} page")
+    except AssertionError as error:
+        screenshot(page, "charts_not_drawn_" + "".join(c if c.isalnum() else "_" for c in what))
+        raise AssertionError(f"{error}; points drawn per chart: {seen}; console: {guard.console[-20:]}") from None
+    guard.check()
+    return drawn
+
+
 def open_dashboard(browser, url: str, *, root: str = ".wb-dashboard"):
-    """A new page on url, once the dashboard's knob editors (built from the session's first read) are there."""
+    """A new page on url, once the dashboard's knob editors (built from the session's first read) are there; its
+    `wb_guard` (a PageGuard) watches it from the first request."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.wb_guard = guard_page(page)  # before the first request
     page.goto(url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_selector(f"{root} .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
     return page

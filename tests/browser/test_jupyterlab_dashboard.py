@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from tests.browser.conftest import (
-    BUDGETS, set_budgets, PAGE_TIMEOUT_MS, chart_points, screenshot, set_slider, store_commands, wait_until,
+    BUDGETS, PAGE_TIMEOUT_MS, assert_every_chart_drawn, chart_points, guard_page, screenshot, set_budgets,
+    store_commands, wait_until,
 )
 from workbench.cli.serve import free_port
 
@@ -98,6 +99,7 @@ def _answers(url: str) -> bool:
 
 def test_lab_dashboard_updates_live_and_applies(lab, browser):
     page = browser.new_page(viewport={"width": 1600, "height": 1200})
+    guard = guard_page(page)
     try:
         page.goto(lab["url"], wait_until="commit", timeout=PAGE_TIMEOUT_MS)
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=PAGE_TIMEOUT_MS)
@@ -105,6 +107,7 @@ def test_lab_dashboard_updates_live_and_applies(lab, browser):
                                ".jp-Toolbar-kernelStatus:has-text('Idle')", timeout=PAGE_TIMEOUT_MS)
         run_first_cell(page)
         page.wait_for_selector(".jp-OutputArea .wb-dashboard .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
+        assert_every_chart_drawn(page, guard, "JupyterLab")
         first = wait_until(lambda: chart_points(page), 60, "a chart with points")
         screenshot(page, "lab_live_first")
         wait_until(lambda: chart_points(page) > first, 60, f"charts growing past {first} points with no cell run")

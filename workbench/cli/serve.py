@@ -11,6 +11,7 @@ page kernels it started, in that order, leaving nothing behind.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -28,6 +29,8 @@ import psutil
 from ..procs import end, end_child, process_alive, tree
 
 DASHBOARD_NOTEBOOK = "dashboard.ipynb"
+# The page's Voila template (Voila's lab template without stylesheets from a CDN), found through JUPYTER_PATH.
+TEMPLATE, TEMPLATES_ROOT = "workbench", Path(__file__).with_name("jupyter")
 DEFAULT_PORT = 8866  # Voila's own default
 SESSION_KEY, TOKEN_KEY = "session", "token"
 # A page kernel whose page closed without saying so (a browser killed, a laptop lid shut) ends after this long idle.
@@ -110,15 +113,17 @@ class DashboardServer:
         command = [
             sys.executable, "-m", "voila", str(notebook), "--no-browser",
             f"--Voila.ip={ip}", f"--Voila.port={port}", "--Voila.port_retries=0",
-            "--show_tracebacks=True",
+            "--show_tracebacks=True", f"--template={TEMPLATE}",
             f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_AFTER_S}",
             "--MappingKernelManager.cull_interval=300",
             "--MappingKernelManager.cull_connected=False",
             "--MappingKernelManager.cull_busy=False",
         ]
+        jupyter_path = os.pathsep.join(p for p in (str(TEMPLATES_ROOT), os.environ.get("JUPYTER_PATH")) if p)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command, cwd=notebook.parent, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "JUPYTER_PATH": jupyter_path},
                 start_new_session=True,
             )
         server = cls(process, f"http://{display_host(ip)}:{port}/", log_path)
