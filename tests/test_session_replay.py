@@ -21,7 +21,8 @@ import pytest
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
 from workbench.plan import PlanError
 from workbench.plan import Plan
-from workbench.replay import NO_RECORDED_SEGMENT, TICK_S, TOOK_CONTROL, Recording, replay_factory
+from workbench.recorded_operator import TOOK_CONTROL
+from workbench.replay import NO_RECORDED_SEGMENT, TICK_S, Recording, replay_factory
 from workbench.procs import process_alive
 from workbench.session import ReadOnlySession, Session, resolve_recording
 from workbench.store import Store
@@ -414,34 +415,6 @@ def test_a_replay_follows_the_recorded_operator_through_the_whole_recording(home
     assert sample_values(samples) <= sample_values(source.frame("samples"))
     assert samples["t"].is_monotonic_increasing
     source.close()
-    wait(session, supervisor_gone)
-
-
-def test_a_command_of_yours_takes_control_from_the_recorded_operator(home):
-    session = Session.replay(PROOF, speed=PROOF_SPEED)
-    session.wait_for_step(3, timeout=TIMEOUT)  # step 3 waits for the recorded sampler switch after step 2
-    session.pause()
-    wait(session, lambda s: s.state == "paused" and TOOK_CONTROL in s.events()["text"].tolist())
-    session.resume()
-    wait(session, lambda s: s.state == "finished")  # plan A's recorded steps, then the run ends: no recorded change
-
-    # The operator issued the recording's first commands, up to the pause (on a loaded machine the second sampler
-    # switch, after step 5, may beat it); after it, only the user's commands.
-    commands = session.commands()
-    commands = commands[~commands["kind"].str.startswith("runner.")]  # the supervisor's directives to the run
-    by_operator = commands[["recorded_command" in payload for payload in commands["payload"]]]
-    by_user = commands.drop(by_operator.index)
-    recorded_commands = Recording(resolve_recording(PROOF)).operator_commands
-    assert by_user["kind"].tolist() == ["pause", "resume"] and by_user["id"].min() > by_operator["id"].max()
-    assert 1 <= len(by_operator) <= 2  # well before the first apply, after step 8
-    assert by_operator["kind"].tolist() == [c.kind for c in recorded_commands[:len(by_operator)]]
-    took = event(session, "replay")
-    assert took["text"] == TOOK_CONTROL and took["data"]["command"] == by_user["id"].min()
-    assert took["data"]["not_replayed"] == [str(c) for c in recorded_commands[len(by_operator):]]
-
-    assert session.steps()["step"].tolist() == list(range(1, 10))
-    assert session.segments()["status"].tolist() == ["done"]
-    assert "applied" not in kinds(session) and "restart_pending" not in kinds(session)
     wait(session, supervisor_gone)
 
 

@@ -9,9 +9,11 @@ over in the same run), checkpoint-and-exit (the next run continues in the record
 stop, and a crash: a recorded one (a failed recorded segment plays until it died, then exits with its recorded
 traceback) or an injected one (`crash_at_step`).
 
-The recorded operator comes along (`RecordedOperator`, unless follow=False): it re-issues the recording's
+The recorded operator comes along (recorded_operator.py, unless follow=False): it re-issues the recording's
 commands into this session at the matching points of the replayed timeline, so a replay tells the whole recorded
-story (changes, restarts, a crash, the rollback, the stop) — until the user gives a command of their own.
+story (changes, restarts, a crash, the rollback, the stop), until the user changes its course (a change of their own,
+a rollback, a stop); a pause does not, and the recording's next change given early carries the story on from there.
+What a replay can play at all (the plans its recording ran) is in recordings.py: previews refuse the rest at once.
 
 A replay never pretends to be live: the session's meta says kind=replay and names the recording, copied events
 keep their recorded text, and the replay's own events say "replay".
@@ -23,10 +25,9 @@ import functools
 import threading
 import time
 import traceback
-from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -34,21 +35,13 @@ import pandas as pd
 from . import control as c
 from .boundary import HotChange, StepBoundary
 from .plan import Plan
+from .recorded_operator import RecordedOperator, operator_commands
+from .recordings import NO_RECORDED_SEGMENT, changes_to, no_segment_words, ran
 from .store import PROC_COLUMNS, SAMPLE_COLUMNS, Store
 
 TICK_S = 0.1  # the replay wakes this often (wall clock) and writes what the recording did meanwhile, in one batch
-NO_RECORDED_SEGMENT = "this replay has no recorded segment with that plan: applying it needs a GPU (live session)"
 # Recorded events about the recorded session's control and analysis: the replayed session has its own.
 OWN_EVENT_KINDS = c.CONTROL_EVENT_KINDS
-# The recorded operator's commands that a replay re-issues. A pause and its resume are left out: no recorded step
-# lies between them, so a replayed pause would last one tick.
-REPLAYED_COMMANDS = ("apply", "telemetry", "rollback", "stop")
-# How recordings carry the operator's credentials: a signature (now) or the token itself (before commands were
-# signed). Neither is valid in another session: a re-issued command is signed afresh.
-RECORDED_CREDENTIALS = ("token", *c.SIGNATURE_FIELDS)
-TOOK_CONTROL = "replay: you took control; the recorded operator's remaining commands are not replayed"
-
-
 class InjectedReplayFault(RuntimeError):
     """The crash `crash_at_step` asks for: exercises the supervisor's crash path; not a verl failure."""
 
@@ -82,7 +75,7 @@ class RecordedSegment:
 
     def ran(self, plan: Plan) -> bool:
         """Whether this segment ran `plan`: the very same plan, or one with equal knob values."""
-        return self.plan_json == plan.to_json() or self.knobs == plan.knob_values()
+        return ran(self.plan_json, lambda: self.knobs, plan)
 
     def first_index_after(self, step: int | None) -> int:
         """Where to continue after `step`: its first recorded step beyond it, or its first step when it has none."""
@@ -105,21 +98,6 @@ class RecordedSegment:
         first = self.steps[0]
         duration = first["metrics"].get("timing_s/step") or 0.0
         return max(self.started_at, first["t"] - duration)
-
-
-@dataclass(frozen=True)
-class RecordedCommand:
-    """A command the recorded operator gave (its payload without credentials), and the step the recorded session
-    had completed when it arrived (0: none yet)."""
-
-    id: int
-    kind: str
-    payload: dict[str, Any]
-    after_step: int
-
-    def __str__(self) -> str:
-        when = "the crash" if self.kind == "rollback" else f"step {self.after_step}"
-        return f"{self.kind} after {when}"
 
 
 class Recording:
@@ -147,7 +125,7 @@ class Recording:
                 )
                 for seg in store.rows("segments") if seg["id"] in steps_by_segment or seg["id"] in crashes
             ]
-            self.operator_commands = _operator_commands(store.rows("commands"), steps)
+            self.operator_commands = operator_commands(store.rows("commands"), steps)
             self._frames = {
                 table: store.frame(table).sort_values("t", kind="stable").reset_index(drop=True)
                 for table in ("samples", "procs", "workers", "events")
@@ -172,124 +150,13 @@ class Recording:
 
     def alternatives(self, plan: Plan) -> list[dict[str, Any]]:
         """For each recorded plan other than `plan`: the knob values that would switch to it."""
-        knobs = plan.knob_values()
-        out = []
-        for seg in self.segments:
-            changes = {k: v for k, v in seg.knobs.items() if knobs.get(k) != v}
-            if changes and changes not in out:
-                out.append(changes)
-        return out
+        return changes_to(plan, [segment.knobs for segment in self.segments])
 
     def rows_between(self, table: str, start: float, end: float) -> pd.DataFrame:
         """The recorded rows of a table with start < t <= end."""
         times = self._times[table]
         lo, hi = np.searchsorted(times, start, side="right"), np.searchsorted(times, end, side="right")
         return self._frames[table].iloc[lo:hi]
-
-
-def _operator_commands(commands: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[RecordedCommand, ...]:
-    """The recorded operator's commands that a replay re-issues (those the recorded supervisor carried out), in
-    order, each with the step the recorded session had completed when it arrived: its newest step by then."""
-    by_time = sorted(steps, key=lambda row: row["t"])
-    times = [row["t"] for row in by_time]
-    out = []
-    for command in commands:
-        if command["kind"] in REPLAYED_COMMANDS and command["state"] in c.CARRIED_OUT:
-            newest = bisect_right(times, command["t"]) - 1
-            after_step = by_time[newest]["step"] if newest >= 0 else 0
-            payload = {k: v for k, v in command["payload"].items() if k not in RECORDED_CREDENTIALS}
-            out.append(RecordedCommand(command["id"], command["kind"], payload, after_step))
-    return tuple(out)
-
-
-def takes(state: str, kind: str) -> bool:
-    """Whether the supervisor takes a command of `kind` in session state `state`."""
-    if kind == "apply":
-        return state in ("starting", "running")  # a run in progress, and no restart-class change pending
-    if kind == "rollback":
-        return state == "failed"
-    return True  # telemetry and stop: in any state
-
-
-class RecordedOperator:
-    """The recorded session's operator, played back in the supervisor process: a thread that re-issues the
-    recording's commands into this session's store, signed with this session's operator token, one at a time, in
-    the recorded order, each once the previous one was answered:
-    - an apply, telemetry or stop once the replayed session has completed the step the recorded one had completed
-      when the command arrived, and is in a state that takes it (`takes`);
-    - a rollback once the replayed session has failed.
-    A run holds before a step while the operator owes a command from before it (`owes`), so each directive reaches
-    the step boundary it reached in the recording, whatever the speed and the supervisor's latency.
-    The user's control always wins: at the first command the operator did not issue, it stops for good.
-    """
-
-    def __init__(self, store: Store, token: str, commands: Sequence[RecordedCommand]):
-        self._store = store
-        self._token = token
-        self._pending = list(commands)
-        self._issued: set[int] = set()  # store ids of the commands it issued
-        self._in_flight: int | None = None  # the store id of the command awaiting the supervisor's answer
-        self._seen = 0  # store id of the last command checked for the user's
-        self._stopped = False
-        self._lock = threading.Lock()  # `owes` reads what the operator's thread changes
-        if self._pending:
-            self._store.add_event(
-                "replay",
-                "replay: the recorded operator's commands follow at their recorded points ("
-                + ", ".join(map(str, self._pending)) + "); a command of yours takes control",
-                {"commands": [command.kind for command in self._pending], "replay": True},
-            )
-            threading.Thread(target=self._main, name="recorded-operator", daemon=True).start()
-
-    def owes(self, step: int) -> bool:
-        """Whether a run must hold before `step`: the recorded operator gave its next command before the recorded
-        `step`, and it is still to be issued (the session takes it) or answered."""
-        with self._lock:
-            if self._stopped or not self._pending:
-                return False
-            command = self._pending[0]
-            if command.kind == "rollback" or command.after_step >= step:
-                return False
-            return self._in_flight is not None or self._due(command)
-
-    def _main(self) -> None:
-        while self._pending:
-            if self._user_took_control():
-                return
-            if self._in_flight is not None:
-                if self._store.command(self._in_flight)["state"] in c.ANSWERED:
-                    with self._lock:
-                        self._pending.pop(0)
-                        self._in_flight = None
-            elif self._due(self._pending[0]):
-                self._issue(self._pending[0])
-            time.sleep(TICK_S)
-
-    def _due(self, command: RecordedCommand) -> bool:
-        """Whether the replayed session has reached the command's point and takes it now."""
-        reached = command.kind == "rollback" or (self._store.last_step() or 0) >= command.after_step
-        return reached and takes(self._store.meta().get("state", "starting"), command.kind)
-
-    def _issue(self, command: RecordedCommand) -> None:
-        payload = c.signed(self._token, command.kind, {**command.payload, "recorded_command": command.id})
-        command_id = self._store.put_command(command.kind, payload)
-        with self._lock:
-            self._issued.add(command_id)
-            self._in_flight = command_id
-
-    def _user_took_control(self) -> bool:
-        for command in self._store.rows("commands", since_id=self._seen):
-            self._seen = command["id"]
-            if command["kind"] in c.USER_COMMANDS and command["id"] not in self._issued:
-                with self._lock:
-                    self._stopped = True
-                    not_replayed = self._pending[1:] if self._in_flight is not None else self._pending
-                self._store.add_event(
-                    "replay", TOOK_CONTROL,
-                    {"command": command["id"], "not_replayed": [str(c) for c in not_replayed], "replay": True},
-                )
-                return True
-        return False
 
 
 class ReplayRun:
@@ -337,10 +204,7 @@ class ReplayRun:
     def cannot_apply(self, plan: Plan) -> str | None:
         if self._recording.segment_for(plan) is not None:
             return None
-        offers = "; ".join(
-            ", ".join(f"{k}={v!r}" for k, v in changes.items()) for changes in self._recording.alternatives(self._plan)
-        )
-        return NO_RECORDED_SEGMENT + (f". Recorded changes from the plan in force: {offers}" if offers else "")
+        return no_segment_words(self._recording.alternatives(self._plan))
 
     # ----------------------------------------------------------------- playing
     def _main(self) -> None:
