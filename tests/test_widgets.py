@@ -104,21 +104,22 @@ def proof(tmp_path_factory):
 
 
 def test_every_panel_shows_the_session(proof):
-    d = Dashboard(proof, live=False, window_min=1)  # a 50× replay packs minutes of samples into seconds
+    d = Dashboard(proof, live=False, window_min=15)  # 15 recorded minutes: 18 s of a 50× replay
     timings = d.refresh()
     assert d.errors.value == ""
     assert set(timings) >= {"read", "SessionBar", "UtilizationPanel", "ExportPanel"}
     # session bar: state, segment, step and the newest step's throughput
     status = d.bar.status.value
     assert "paused" in status and "replay of h200-proof" in status and "step <b>" in status
-    assert f"<b>{fmt(d.ctx.feed.steps.iloc[-1]['perf/throughput'], 4)}</b>" in status
+    assert f"<b>{fmt(d.ctx.feed.steps.iloc[-1]['perf/throughput'], 4)} last step · " in status
+    assert "segment median</b>" in status and "Resume goes on" in d.bar.hint.value  # what the user can do now
     assert not d.bar.buttons["resume"].disabled and d.bar.buttons["pause"].disabled
-    # utilization: one line per GPU with samples, over the last minute of the session's (recorded) time
+    # utilization: one line per GPU with samples, over the last 15 minutes of the session's (recorded) time
     chart = d.utilization.chart
     gpu_lines = [t for t in chart.traces if t["name"].startswith("GPU")]
     assert gpu_lines and len(gpu_lines[0]["x"]) > 10 and np.nanmax(gpu_lines[0]["y"]) > 0
     x0, x1 = chart.figure_layout["xaxis"]["range"]
-    assert x1 - x0 == pytest.approx(1.0) and x1 == pytest.approx(gpu_lines[0]["x"][-1], abs=0.05)
+    assert x1 - x0 == pytest.approx(15.0) and x1 == pytest.approx(gpu_lines[0]["x"][-1], abs=0.05)
     assert chart.figure_layout["xaxis"]["title"]["text"] == "recorded minutes since the start (replayed at ×50)"
     d.utilization.metric.value = "mem_used"
     d.refresh()
@@ -151,7 +152,9 @@ def test_the_advisor_shows_findings_and_applies_a_proposal(proof):
     d = Dashboard(proof, live=False)
     d.ctx.feed.wait_for_advice()  # advice runs in its own thread; the next refresh shows it
     d.refresh()
-    assert d.ctx.feed.findings and "evidence:" in d.advisor.list.children[0].children[0].value
+    card = d.advisor.list.children[0]
+    assert d.ctx.feed.findings and "<details" in card.children[0].children[1].value  # one line, evidence behind
+    assert "tests/data" not in card.children[0].children[1].value
     assert "advice as of" in d.advisor.note.value
     button, finding = d.advisor._buttons[0]
     before = len(proof.commands())
@@ -182,7 +185,7 @@ def test_an_invalid_value_marks_its_widget_and_queues_nothing(proof):
 def test_a_viewer_sees_everything_and_controls_nothing_until_the_token(proof):
     d = Dashboard(Session.attach(proof.dir, read_only=True), live=False)
     assert all(c.disabled for c in controls(d))
-    assert d.changes.apply_button.tooltip == READ_ONLY_REASON and html.escape(READ_ONLY_REASON) in d.bar.message.value
+    assert d.changes.apply_button.tooltip == READ_ONLY_REASON and html.escape(READ_ONLY_REASON) in d.bar.hint.value
     assert d.token_row.layout.display != "none"
     assert len(d.utilization.chart.traces) > 1 and len(d.steps.chart.traces[0]["x"]) >= 1  # the charts all the same
     d.token.value = "not-the-token"
@@ -224,7 +227,7 @@ def test_a_slider_change_previews_applies_and_shows_the_hot_apply(proof):
     proof.resume()
     proof.pause()  # taken at the same step boundary: the next tests find the session paused again
     refreshed_until(d, lambda: "applied hot" in d.changes.progress.value)
-    assert "applied" in d.events.log.value and "in force from step" in d.changes.progress.value
+    assert "applied" in d.events.log.value and " from step " in d.changes.progress.value
     refreshed_until(d, lambda: d.changes.editors["actor_token_budget"].current == 32768)  # the plan in force now
     assert "No pending changes" in d.changes.diff.value and not d.changes.apply_button.tooltip == READ_ONLY_REASON
 
@@ -254,6 +257,8 @@ def test_start_follows_a_new_session_like_the_ended_one(proof, sessions):
     assert started.id != proof.id and started.meta["recording"] == proof.meta["recording"]
     d.refresh()
     assert started.id in d.bar.status.value and f"?session={started.id}" in d.ctx.notice
+    assert "this page follows it now, as its operator" in d.ctx.notice and d.session.is_operator
+    assert d.bar.buttons["start"].description == "Play again" and d.bar.buttons["start"].disabled  # one at a time
     sessions["started"] = started
 
 

@@ -1,20 +1,51 @@
-"""Advisor: the findings the measurements support (`Session.advice_findings`), each with its evidence, the knob
-change it proposes, what that should do, and an Apply button (`Session.apply_finding`) whose progress the changes
-panel follows like any other change."""
+"""Advisor: the findings the measurements support (`Session.advice_findings`), one line each: what is wrong, the
+knob change it proposes and the gain expected, with an Apply button (`Session.apply_finding`, followed by the
+changes panel like any other change). The evidence and where its numbers come from sit behind a disclosure, the
+sources named as measurements (machine, date), not as files of this repository.
+
+A finding whose change is already in force is not shown: advice is judged against the plan that runs now, even while
+its numbers still come from the segment before."""
 
 from __future__ import annotations
 
 import html
+import re
 
 import ipywidgets as W
 
 from .common import READ_ONLY_REASON, assign, heading
+from .knob_editor import plain
 
 SEVERITY_CSS = {"high": "wb-problem", "medium": "wb-warning"}
+GAIN_CHARS = 140  # the expected gain on the card's line; the whole text is behind the disclosure
+# A repository path to a measurement (tests/data/h200_fused_logprob_2026-12-01/C_fused, bench/results/h200_2026-12-01/…)
+# is named by its machine and date; other repository paths are left out.
+MEASUREMENT_PATH = re.compile(r"\b(?:tests/data|bench/results|shared)/[\w.-]*?(h\d{3})[\w.-]*?_(\d{4}-\d{2}-\d{2})[\w./-]*")
+OTHER_PATH = re.compile(r"\s*\(?\b(?:tests|bench|shared|workbench)/[\w./-]+\)?")
 
 
-def _change_text(change: dict) -> str:
+def change_text(change: dict) -> str:
     return ", ".join(f"{k} = {v!r}" for k, v in change.items())
+
+
+def measurement_names(text: str) -> str:
+    """Repository paths in a finding's words as the measurements they hold ("the H200 measurements of 2026-12-01")."""
+    text = MEASUREMENT_PATH.sub(lambda m: f"the {m.group(1).upper()} measurements of {m.group(2)}", str(text))
+    return OTHER_PATH.sub("", text)
+
+
+def gain_line(expected: str) -> str:
+    """The expected gain's first sentence, short enough for one line."""
+    first = re.split(r"(?<=\.)\s", measurement_names(expected).strip(), maxsplit=1)[0].rstrip(".")
+    return first if len(first) <= GAIN_CHARS else first[: GAIN_CHARS - 1].rstrip() + "…"
+
+
+def in_force(change: dict, knob_table) -> bool:
+    """Whether every value the change proposes is already in the plan in force."""
+    if knob_table is None or not len(knob_table) or not change:
+        return False
+    values = {row.name: plain(row.value) for row in knob_table.itertuples()}
+    return all(name in values and values[name] == plain(value) for name, value in change.items())
 
 
 class AdvisorPanel:
@@ -26,31 +57,32 @@ class AdvisorPanel:
         self.widget = W.VBox([heading("Advisor"), self.note, self.list], _dom_classes=["wb-advisor"])
         self._shown: tuple = ()
         self._buttons: list[tuple[W.Button, object]] = []
+        # rule -> (ApplyResult, its status widget): an Apply's feedback outlives the cards (re-judged every 30 s).
+        self._applied: dict[str, tuple[object, W.HTML]] = {}
 
     def prepare(self, feed, news):
-        if "findings" not in news:
-            return None
-        findings = list(feed.findings or [])
-        key = tuple((f.rule, f.title, f.evidence_text, _change_text(f.change)) for f in findings)
+        if not news & {"findings", "knobs"}:
+            return (None, feed.findings_note) if self._applied else None  # an Apply's feedback follows its change
+        findings = [f for f in (feed.findings or []) if not in_force(f.change, feed.knob_table)]
+        key = tuple((f.rule, f.title, f.evidence_text, change_text(f.change)) for f in findings)
         return (None if key == self._shown else (key, findings)), feed.findings_note
 
     def _card(self, finding) -> W.Widget:
         css = SEVERITY_CSS.get(str(finding.severity), "wb-muted")
-        body = W.HTML(
-            f"<div><span class='{css}'>[{html.escape(str(finding.severity))}]</span> "
-            f"<b>{html.escape(finding.title)}</b></div>"
-            f"<div class='wb-muted'>evidence: {html.escape(finding.evidence_text)}</div>"
-            + (f"<div>proposal: <code>{html.escape(_change_text(finding.change))}</code> — "
-               f"{html.escape(finding.expected)}</div>" if finding.change else
-               f"<div class='wb-muted'>{html.escape(finding.expected)}</div>")
-        )
-        status = W.HTML()
+        change = (f" — <code>{html.escape(change_text(finding.change))}</code>" if finding.change else "")
+        line = (f"<div class='wb-finding-line'><span class='{css}'>[{html.escape(str(finding.severity))}]</span> "
+                f"<b>{html.escape(finding.title)}</b>{change} — {html.escape(gain_line(finding.expected))}</div>")
+        details = (f"<details class='wb-finding-why'><summary>evidence and sources</summary>"
+                   f"<div>{html.escape(measurement_names(finding.evidence_text))}</div>"
+                   f"<div>{html.escape(measurement_names(finding.expected))}</div></details>")
+        body = W.HTML(line + details)
         if not finding.change:
             return W.VBox([body], _dom_classes=["wb-finding"])
+        handle, status = self._applied.get(finding.rule, (None, W.HTML(_dom_classes=["wb-finding-status"])))
         button = W.Button(description="Apply", _dom_classes=["wb-finding-apply"], layout=W.Layout(width="auto"))
         button.on_click(lambda _, f=finding, st=status: self._apply(f, st))
         self._buttons.append((button, finding))
-        return W.VBox([body, W.HBox([button, status])], _dom_classes=["wb-finding", f"wb-finding-{finding.rule}"])
+        return W.VBox([W.HBox([button, body]), status], _dom_classes=["wb-finding", f"wb-finding-{finding.rule}"])
 
     def _apply(self, finding, status: W.HTML) -> None:
         try:
@@ -58,8 +90,13 @@ class AdvisorPanel:
         except Exception as error:  # PlanError, read-only, …: said at the finding
             status.value = f"<span class='wb-problem'>{html.escape(str(error))}</span>"
             return
+        self._applied[finding.rule] = (handle, status)
         status.value = f"<span class='wb-changed'>{html.escape(str(handle.message))}</span>"
         self.changes.track(handle, f"advice: {finding.title}")
+
+    def switched(self) -> None:
+        """The page follows a new session: the old one's Apply feedback goes."""
+        self._applied.clear()
 
     def show(self, payload) -> None:
         cards, note = payload
@@ -70,6 +107,9 @@ class AdvisorPanel:
             self.list.children = [self._card(f) for f in findings] or [
                 W.HTML("<span class='wb-muted'>No findings: nothing in the measurements calls for a change "
                        "(or too few steps measured yet).</span>")]
+        for handle, status in self._applied.values():  # the changes panel refreshes the handles each tick
+            css = "wb-problem" if handle.state in ("refused", "not_applied") else "wb-changed"
+            assign(status, value=f"<span class='{css}'>{html.escape(str(handle.message))}</span>")
         operator = self.ctx.operator
         for button, _ in self._buttons:
             assign(button, disabled=not operator, tooltip="" if operator else READ_ONLY_REASON)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from workbench import PlanError
 
-from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, table
+from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
 from .knob_editor import KnobEditor, as_text, plain
 
 FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
@@ -89,8 +89,7 @@ class ChangesPanel:
         self.more = W.Accordion(_dom_classes=["wb-more-knobs"])
         self.placement_editors = W.VBox(_dom_classes=["wb-placement-knobs"])  # shown by the device planner
         self.diff = W.HTML("<span class='wb-muted'>No pending changes.</span>", _dom_classes=["wb-diff"])
-        self.apply_button = W.Button(description="Apply", button_style="primary", disabled=True,
-                                     _dom_classes=["wb-apply"])
+        self.apply_button = W.Button(description="Apply", disabled=True, _dom_classes=["wb-apply"])
         self.discard_button = W.Button(description="Discard", disabled=True, _dom_classes=["wb-discard"])
         self.apply_button.on_click(lambda _: self.apply())
         self.discard_button.on_click(lambda _: self.discard())
@@ -128,7 +127,7 @@ class ChangesPanel:
             if editor is None:
                 continue
             if plain(row["value"]) != editor.current or bool(row.get("relevant", True)) != editor.relevant:
-                editor.set_current(row)
+                editor.set_current(row, keep_edit=editor.is_changed())  # an edit stays pending against the new plan
                 moved = True
         return moved
 
@@ -171,12 +170,12 @@ class ChangesPanel:
             words = HOT_WORDS if p.mode == "hot" else RESTART_WORDS
             parts.append(f"<div class='wb-will'>Apply will do — {html.escape(words)}</div>")
             for knob, text in (p.warnings or {}).items():
-                parts.append(f"<div class='wb-warning'>{esc(knob)}: {esc(text)}</div>")
+                parts.append(f"<div class='wb-warning'>{esc(said_once(knob, text))}</div>")
         problems = dict(getattr(p, "problems", None) or {})
         problems.update(self.parse_errors)
         if problems:
             parts.append("<div class='wb-problem'>Nothing can be applied until this is fixed:<ul>"
-                         + "".join(f"<li>{esc(k)}: {esc(v)}</li>" for k, v in problems.items()) + "</ul></div>")
+                         + "".join(f"<li>{esc(said_once(k, v))}</li>" for k, v in problems.items()) + "</ul></div>")
         if not parts:
             parts.append("<span class='wb-muted'>No pending changes.</span>")
         if note:
@@ -191,7 +190,8 @@ class ChangesPanel:
         ready = p is not None and p.ok and not self.parse_errors
         why = (READ_ONLY_REASON if not operator else "a change is being applied" if in_flight
                else "" if ready else "no valid pending change")
-        assign(self.apply_button, disabled=bool(why), tooltip=why)
+        # Primary blue only while it can be pressed: a disabled Apply looks disabled.
+        assign(self.apply_button, disabled=bool(why), tooltip=why, button_style="" if why else "primary")
         assign(self.discard_button, disabled=not operator or (p is None and not self.parse_errors))
         assign(self.edit_irrelevant, disabled=not operator)
         if force or operator != self._operator_shown:
@@ -213,10 +213,10 @@ class ChangesPanel:
             except PlanError as error:
                 self.preview = None
                 self._mark(_problems_of(error))
-                self._render_diff(note=f"refused: {error}")
+                self._render_diff(note=said_once("refused", error))
                 return None
             except Exception as error:  # read-only, supervisor gone, …: said in words at the button
-                self._render_diff(note=f"not applied: {error}")
+                self._render_diff(note=said_once("not applied", error))
                 return None
             self.track(handle, "your change")
             return handle
@@ -226,6 +226,13 @@ class ChangesPanel:
             self.tracked = Tracked(handle, label)
             self.progress.value = f"<b>{html.escape(label)}</b>: {html.escape(str(handle.message))}"
             self._enable()
+
+    def switched(self) -> None:
+        """The page follows a new session: the old one's Apply progress goes; pending edits stay."""
+        with self.ctx.lock:
+            self.tracked = None
+            assign(self.progress, value="")
+            self._edited()
 
     def discard(self) -> None:
         with self.ctx.lock:
@@ -266,9 +273,7 @@ class ChangesPanel:
             done |= {"applied"} if state == "applied" else set()
             stages = _stage_list(HOT_STAGES, done, failed)
             lost, latest = [], ""
-        step = f" (in force from step {handle.step})" if handle.step is not None else ""
-        markup = (f"<b>{html.escape(tracked.label)}</b> — {html.escape(str(state))}{html.escape(step)}: "
-                  f"{html.escape(str(handle.message))}{stages}"
+        markup = (f"<b>{html.escape(tracked.label)}</b>: {html.escape(str(handle.message))}{stages}"
                   + "".join(f"<div class='wb-warning'>{html.escape(t)}</div>" for t in lost)
                   + (f"<div class='wb-muted'>latest: {html.escape(str(latest))}</div>" if latest else ""))
         problems = {str(k): str(v) for k, v in (handle.problems or {}).items()}

@@ -28,6 +28,13 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def said_once(prefix: str, text: Any) -> str:
+    """"prefix: text", unless the text already begins with the prefix (messages that name their own state or knob:
+    never "queued: queued: …")."""
+    text = str(text).strip()
+    return text if text.lower().startswith(str(prefix).lower()) else f"{prefix}: {text}"
+
+
 def esc(value: Any) -> str:
     return html.escape(fmt(value) if not isinstance(value, str) else value)
 
@@ -111,7 +118,7 @@ class Context:
                 result = action()
                 text = f"{what}: done" + (f" ({result})" if result not in (None, "") else "")
             except Exception as error:  # shown to the operator, in words
-                text = f"{what} failed: {error}"
+                text = said_once(f"{what} failed", error)
             with self.lock:
                 self.notice = text
 

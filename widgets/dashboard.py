@@ -258,11 +258,14 @@ class Dashboard:
         self.widget.close()
 
     def _switch(self, session: Session) -> None:
-        """Follow another session (one the Start button began): a new feed; the panels redraw from it."""
+        """Follow another session (one the Start button began): a new feed (every panel redraws from it, charts
+        too), the old session's progress and advice dropped, pending edits kept (previewed against the new plan)."""
         with self._tick, self.ctx.lock:
             window_min = self.ctx.feed.window_min
             self.ctx.session = session
             self.ctx.feed = Feed(session, window_min=window_min)
+            for panel in self.panels:  # what a panel held about the old session (an Apply's progress, …) goes
+                getattr(panel, "switched", lambda: None)()
 
     # ----------------------------------------------------------------- operator token typed into the page
     def _unlock(self) -> None:

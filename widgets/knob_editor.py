@@ -131,12 +131,16 @@ class KnobEditor:
         value, error = self.read()
         return error is not None or value != self.current
 
-    def set_current(self, row: dict[str, Any]) -> None:
-        """The plan in force changed (or a refresh): show its value and relevance, dropping any edit."""
+    def set_current(self, row: dict[str, Any], keep_edit: bool = False) -> None:
+        """The plan in force changed (or a refresh): its value and relevance; the control shows the new value, or
+        keeps the user's edit (keep_edit), which is then pending against the new plan."""
         self.current = plain(row["value"])
         self.relevant = bool(row.get("relevant", True))
         self.why_irrelevant = str(row.get("why_irrelevant") or "")
-        self.reset()
+        if keep_edit:
+            self.mark()
+        else:
+            self.reset()
 
     def reset(self) -> None:
         self._quiet = True

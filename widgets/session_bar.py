@@ -22,11 +22,39 @@ CONTROLS = {
 }
 
 
-def _latest(steps, column: str) -> float:
+def latest_and_median(steps, column: str) -> tuple[float, float]:
+    """The newest step's value of a metric and its median over the newest segment's steps (NaN where unknown)."""
     if column not in steps or not len(steps):
-        return math.nan
-    values = steps[column].dropna()
-    return float(values.iloc[-1]) if len(values) else math.nan
+        return math.nan, math.nan
+    values = steps[[column, "segment_id"]].dropna()
+    if not len(values):
+        return math.nan, math.nan
+    segment = values[values["segment_id"] == values["segment_id"].iloc[-1]][column]
+    return float(values[column].iloc[-1]), float(segment.median())
+
+
+def what_you_can_do(state: str, replay: bool, speed: Any) -> str:
+    """The page's one line on what the user can do in this state."""
+    if state == "starting":
+        return ("verl is starting" + (f" (its recorded start-up, at ×{fmt(speed)})" if replay else "")
+                + ": the charts fill from the first step. A change applied now takes effect there.")
+    if state == "running":
+        return ("Running. Edit a knob and press Apply (a hot change takes effect at the next step), or apply an "
+                "advisor's proposal; Pause holds the run between steps; Stop ends it."
+                + (" A replay takes the changes its recording holds: they are listed under Pending changes."
+                   if replay else ""))
+    if state == "paused":
+        return "Paused between steps: Resume goes on. A change applied now takes effect when it resumes."
+    if state == "restarting":
+        return "A restart-class change is under way (checkpoint → relaunch → verl start-up): its progress is under Apply."
+    if state == "stopping":
+        return "Stopping at the next step boundary."
+    if state == "failed":
+        return "The run crashed: Rollback relaunches the last good plan from its checkpoint, or Start a new session."
+    if state in ENDED:
+        return ("The replay has ended: Play again replays the recording from its start on this page."
+                if replay else "The session has ended: Start runs a new one with its plan in force, on this page.")
+    return ""
 
 
 def start_like(session):
@@ -52,8 +80,9 @@ class SessionBar:
         for name, button in self.buttons.items():
             button.on_click(lambda _, name=name: self._control(name))
         self.message = W.HTML(_dom_classes=["wb-notice"])
+        self.hint = W.HTML(_dom_classes=["wb-hint"])
         self.widget = W.VBox(
-            [self.status, W.HBox(list(self.buttons.values()) + [self.message])],
+            [self.status, self.hint, W.HBox(list(self.buttons.values()) + [self.message])],
             _dom_classes=["wb-session-bar"],
         )
 
@@ -64,7 +93,7 @@ class SessionBar:
                 new = start_like(session)
                 if self.switch is not None:
                     self.switch(new)
-                return f"session {new.id} (its page: ?session={new.id})"
+                return f"session {new.id}: this page follows it now, as its operator (viewers: ?session={new.id})"
 
             self.ctx.background("start", start)
             return
@@ -77,8 +106,8 @@ class SessionBar:
         steps = feed.steps
         segment = int(steps["segment_id"].iloc[-1]) if len(steps) else None
         meta = feed.meta
-        kind = meta.get("kind", "live")
-        if kind == "replay":
+        replay = meta.get("kind") == "replay"
+        if replay:
             recorded = meta.get("recorded_at")
             recorded = time.strftime("%Y-%m-%d", time.localtime(recorded)) if isinstance(recorded, (int, float)) \
                 else meta.get("date", "")
@@ -88,10 +117,12 @@ class SessionBar:
         else:
             origin = "live"
         state = feed.state or "?"
+        throughput = latest_and_median(steps, "perf/throughput")
+        step_time = latest_and_median(steps, "timing_s/step")
         stats = [
             ("segment", fmt(segment)), ("step", fmt(feed.last_step)),
-            ("tokens/s/GPU", fmt(_latest(steps, "perf/throughput"), 4)),
-            ("time per step", fmt(_latest(steps, "timing_s/step")) + " s"),
+            ("tokens/s/GPU", f"{fmt(throughput[0], 4)} last step · {fmt(throughput[1], 4)} segment median"),
+            ("s/step", f"{fmt(step_time[0])} last step · {fmt(step_time[1])} segment median"),
         ]
         markup = (
             f"<span class='wb-state wb-state-{html.escape(state)}'>{html.escape(state)}</span> "
@@ -100,16 +131,17 @@ class SessionBar:
         )
         with self.ctx.lock:
             notice = self.ctx.notice
-        return state, markup, notice
+        return state, replay, markup, what_you_can_do(state, replay, meta.get("speed")), notice
 
     def show(self, payload) -> None:
-        state, markup, notice = payload
+        state, replay, markup, hint, notice = payload
         assign(self.status, value=markup)
         operator = self.ctx.operator
+        assign(self.hint, value=f"<span class='wb-hint-text'>{html.escape(hint if operator else READ_ONLY_REASON)}</span>")
+        assign(self.buttons["start"], description="Play again" if replay else "Start")
         for name, button in self.buttons.items():
             states, why = CONTROLS[name]
             enabled = operator and state in states
             assign(button, disabled=not enabled,
                    tooltip="" if enabled else (READ_ONLY_REASON if not operator else why))
-        text = notice if operator else READ_ONLY_REASON
-        assign(self.message, value=f"<span class='wb-muted'>{html.escape(text)}</span>")
+        assign(self.message, value=f"<span class='wb-muted'>{html.escape(notice if operator else '')}</span>")
