@@ -51,6 +51,7 @@ import ipywidgets as W
 
 from workbench import Session
 from workbench.control import TOKEN_FILE
+from workbench.paths import page_session_dir
 
 from .advisor import AdvisorPanel
 from .changes import ChangesPanel
@@ -154,8 +155,9 @@ class Dashboard:
         """The Voila page's dashboard: `?session=ID&token=TOKEN` from the page URL (see the module docstring)."""
         query = page_query(query_string)
         token = query.get(TOKEN_PARAM) or None
-        session = Session.attach(query.get(SESSION_PARAM) or os.environ.get("VERL_WORKBENCH_SESSION"),
-                                 read_only=True)
+        # A URL names a session id of this server's home only, never a path (paths.page_session_dir).
+        named = page_session_dir(query[SESSION_PARAM]) if query.get(SESSION_PARAM) else None
+        session = Session.attach(named or os.environ.get("VERL_WORKBENCH_SESSION"), read_only=True)
         try:
             return cls(session, token=token, **options)
         except ValueError as error:  # a wrong token in the URL: a viewer's page, saying why

@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import time
 from pathlib import Path
 
+from .bounds import quoted
 from .store import STORE_FILE
 
 HOME_ENV = "VERL_WORKBENCH_HOME"
 PRIVATE_DIR_MODE = 0o700
+# What new_session_id makes (time, name, random part): what a page URL may name, never a path.
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class WorkbenchHomeError(RuntimeError):
     """The place sessions go can't hold them (a file in the way, no permission, a read-only or full disk)."""
+
+
+class PageSessionError(LookupError):
+    """A dashboard page's URL names no session of this server (said to the page in one line, without paths)."""
 
 
 def home() -> Path:
@@ -38,16 +46,52 @@ def sessions_root() -> Path:
 
 def resolve_session_dir(path_or_id: str | os.PathLike | None = None) -> Path:
     """A session directory from a path, an id under sessions_root(), or None for the newest session."""
+    try:
+        found = _find_session_dir(path_or_id)
+    except PermissionError as error:
+        raise WorkbenchHomeError(f"cannot read {error.filename or sessions_root()}: permission denied "
+                                 f"(check {HOME_ENV} and its permissions)") from None
+    except OSError as error:  # e.g. a name too long to be a path
+        raise FileNotFoundError(f"{quoted(str(path_or_id))}: not a session ({error.strerror})") from None
+    if found is None and path_or_id is None:
+        raise FileNotFoundError(f"no sessions under {sessions_root()}; start one or pass a session directory")
+    if found is None:
+        raise FileNotFoundError(f"{quoted(str(path_or_id))}: not a session directory (no {STORE_FILE}) nor a session "
+                                f"id under {sessions_root()}")
+    return found
+
+
+def _find_session_dir(path_or_id: str | os.PathLike | None) -> Path | None:
     if path_or_id is None:
         candidates = sorted(sessions_root().glob(f"*/{STORE_FILE}"), key=lambda p: p.stat().st_mtime)
-        if not candidates:
-            raise FileNotFoundError(f"no sessions under {sessions_root()}; start one or pass a session directory")
-        return candidates[-1].parent
-    p = Path(path_or_id).expanduser()
-    for candidate in (p, sessions_root() / str(path_or_id)):
+        return candidates[-1].parent if candidates else None
+    for candidate in (Path(path_or_id).expanduser(), sessions_root() / str(path_or_id)):
         if (candidate / STORE_FILE).exists():
             return candidate
-    raise FileNotFoundError(f"{path_or_id}: not a session directory (no {STORE_FILE}) nor a session id under {sessions_root()}")
+    return None
+
+
+def page_session_dir(session_id: str | None) -> Path:
+    """The session a dashboard page names (`?session=ID`): the id of a session under this server's sessions_root(),
+    never a path (no '/', no '..', no symbolic link out); None or '' is the newest session. PageSessionError (one
+    line, naming no server path) otherwise."""
+    root = sessions_root()
+    if not session_id:
+        try:
+            return resolve_session_dir(None)
+        except (FileNotFoundError, WorkbenchHomeError):
+            raise PageSessionError("no session on this server yet: start one (verl-workbench up)") from None
+    if not SESSION_ID.fullmatch(session_id):
+        raise PageSessionError(f"session={quoted(session_id, 80)} is not a session id (letters, digits, '.', '-', "
+                               "'_'): use the URL `verl-workbench up` printed")
+    directory = root / session_id
+    try:
+        found = directory.resolve(strict=True).parent == root.resolve() and (directory / STORE_FILE).is_file()
+    except OSError:
+        found = False
+    if not found:
+        raise PageSessionError(f"no session {session_id!r} on this server: use the URL `verl-workbench up` printed")
+    return directory
 
 
 def private_dir(path: Path, what: str | None = None) -> Path:

@@ -5,8 +5,10 @@ The page finds its session in its URL: `?session=ID` (a viewer: every chart, con
 nothing there: control comes from the URL alone. (Voila runs without a login of its own, so it leaves `token` to
 the page.)
 
-Voila runs in its own process session, so a Ctrl-C in the terminal reaches `up` alone, and `up` ends Voila and the
-page kernels it started, in that order, leaving nothing behind.
+Voila runs through workbench.cli.voila_guard (hostile clients refused, page kernels capped and ended when their
+page is gone, no tracebacks to pages, logs without kernel ids or tokens), in its own process session, so a Ctrl-C
+in the terminal reaches `up` alone, and `up` ends Voila and the page kernels it started, in that order, leaving
+nothing behind. Its log is the owner's alone (0600 in a 0700 folder).
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from urllib.parse import urlencode
 import psutil
 
 from ..procs import end, end_child, process_alive, tree
+from ..paths import private_dir
 
 DASHBOARD_NOTEBOOK = "dashboard.ipynb"
 # The page's Voila template (Voila's lab template without stylesheets from a CDN), found through JUPYTER_PATH.
 TEMPLATE, TEMPLATES_ROOT = "workbench", Path(__file__).with_name("jupyter")
 DEFAULT_PORT = 8866  # Voila's own default
 SESSION_KEY, TOKEN_KEY = "session", "token"
-# A page kernel whose page closed without saying so (a browser killed, a laptop lid shut) ends after this long idle.
-# A kernel with a page connected is never culled: its live-update task keeps it "idle" in Jupyter's eyes.
-CULL_IDLE_AFTER_S = 3600
+# A page kernel whose page is gone (closed, a browser killed, a plain GET that never connected) ends this long after
+# (voila_guard.PageKernelManager); one with a page connected is never ended. Beyond MAX_PAGES a page is refused.
+PAGE_GRACE_S = 60.0
+MAX_PAGES = 16
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
 
@@ -100,7 +104,8 @@ class DashboardServer:
 
     @classmethod
     def start(cls, *, ip: str = "127.0.0.1", port: int | None = DEFAULT_PORT, log_dir: Path,
-              notebook: Path | None = None, timeout: float = START_TIMEOUT_S, progress=None) -> "DashboardServer":
+              notebook: Path | None = None, timeout: float = START_TIMEOUT_S, progress=None,
+              max_pages: int = MAX_PAGES, page_grace_s: float = PAGE_GRACE_S) -> "DashboardServer":
         """Start Voila on ip:port (port 0 or None: a free one) and wait until it answers.
 
         The port is given to Voila with no retries, so the printed URL is the one it serves: a taken port is an
@@ -108,19 +113,18 @@ class DashboardServer:
         notebook = notebook or notebooks_dir() / DASHBOARD_NOTEBOOK
         check_port(ip, port)
         port = port or free_port(ip)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / "voila.log"
+        log_path = private_dir(log_dir) / "voila.log"
+        os.chmod(log_dir, 0o700)  # the workbench's own folder, made 0755 by older versions
         command = [
-            sys.executable, "-m", "voila", str(notebook), "--no-browser",
+            sys.executable, "-m", "workbench.cli.voila_guard", str(notebook), "--no-browser",
             f"--Voila.ip={ip}", f"--Voila.port={port}", "--Voila.port_retries=0",
-            "--show_tracebacks=True", f"--template={TEMPLATE}",
-            f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_AFTER_S}",
-            "--MappingKernelManager.cull_interval=300",
-            "--MappingKernelManager.cull_connected=False",
-            "--MappingKernelManager.cull_busy=False",
+            f"--template={TEMPLATE}",
+            f"--PageKernelManager.max_pages={max_pages}", f"--PageKernelManager.page_grace_s={page_grace_s}",
         ]
         jupyter_path = os.pathsep.join(p for p in (str(TEMPLATES_ROOT), os.environ.get("JUPYTER_PATH")) if p)
-        with open(log_path, "ab") as log:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(log_fd, 0o600)  # a log an older version made world-readable
+        with open(log_fd, "ab") as log:
             process = subprocess.Popen(
                 command, cwd=notebook.parent, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "JUPYTER_PATH": jupyter_path},

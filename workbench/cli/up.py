@@ -17,7 +17,9 @@ import webbrowser
 
 import psutil
 
-from .serve import DEFAULT_PORT, DashboardServer, check_port, page_url, raise_on_sigterm
+from .args import port, positive_int, positive_number
+from .serve import (DEFAULT_PORT, MAX_PAGES, PAGE_GRACE_S, DashboardServer, check_port, page_url,
+                    raise_on_sigterm)
 from ..control import ENDED_STATES, TOKEN_FILE
 from ..paths import home
 
@@ -28,17 +30,21 @@ DEFAULT_RECORDING = "h200-proof"
 def add_up_commands(subparsers) -> None:
     up = subparsers.add_parser("up", help="start a session (live with a GPU, replay without) and serve its dashboard")
     up.add_argument("--replay", metavar="RECORDING", help=f"replay this recording even with a GPU (default without one: {DEFAULT_RECORDING})")
-    up.add_argument("--speed", type=float, default=10.0, help="replay speed (recorded seconds per second)")
+    up.add_argument("--speed", type=positive_number, default=10.0, help="replay speed (recorded seconds per second)")
     up.add_argument("--no-follow", action="store_true",
                     help="replay without the recorded operator's changes: every command is yours")
     up.add_argument("--attach", metavar="SESSION", help="serve an existing session instead of starting one")
-    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"dashboard port (default {DEFAULT_PORT}; 0: a free one)")
+    up.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"dashboard port (default {DEFAULT_PORT}; 0: a free one)")
     up.add_argument("--ip", default="127.0.0.1",
                     help="address the dashboard listens on (default loopback; 0.0.0.0 exposes it, token and all, over plain HTTP)")
     up.add_argument("--no-browser", action="store_true", help="print the URLs without opening a browser")
     up.add_argument("--no-dashboard", action="store_true", help="follow the session in the terminal only")
-    up.add_argument("--for", dest="seconds", type=float, help="end after this many seconds")
-    up.add_argument("--steps", type=int, help="end after this many steps")
+    up.add_argument("--for", dest="seconds", type=positive_number, help="end after this many seconds")
+    up.add_argument("--steps", type=positive_int, help="end after this many steps")
+    up.add_argument("--max-pages", type=positive_int, default=MAX_PAGES,
+                    help=f"dashboard pages served at once (default {MAX_PAGES}); one more is refused, saying so")
+    up.add_argument("--page-grace", type=positive_number, default=PAGE_GRACE_S, metavar="SECONDS",
+                    help=f"a page's kernel ends this long after its page is gone (default {PAGE_GRACE_S:g})")
     up.set_defaults(func=run_up)
 
 
@@ -157,7 +163,8 @@ def serve_dashboard(session, args: argparse.Namespace) -> DashboardServer:
     """Start Voila on the dashboard notebook and print the operator and viewer URLs of this session."""
     print(f"starting the dashboard server (Voila) on {args.ip}:{args.port or 'a free port'} ...", end="", flush=True)
     server = DashboardServer.start(ip=args.ip, port=args.port, log_dir=home() / "logs",
-                                   progress=lambda: print(".", end="", flush=True))
+                                   progress=lambda: print(".", end="", flush=True),
+                                   max_pages=args.max_pages, page_grace_s=args.page_grace)
     print(" ready", flush=True)
     try:
         token = (session.dir / TOKEN_FILE).read_text().strip()

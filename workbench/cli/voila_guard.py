@@ -1,0 +1,286 @@
+"""The dashboard server `up` runs: Voila, launched through this module so that hostile clients can't break it.
+
+`python -m workbench.cli.voila_guard NOTEBOOK [Voila options]` is Voila with these guards (what it guards against is
+upstream, voila 0.5.13 / jupyter_server 2.21.1; re-check them when either moves):
+
+- **The kernel websocket speaks v1 only.** A client that does not offer the `v1.kernel.websocket.jupyter.org`
+  subprotocol is refused before the upgrade (HTTP 400). Upstream, such a "legacy" connection gets the charts' binary
+  messages in the old framing, which Voila's `read_header_from_binary_message` then reads as v1: its first 8 bytes
+  become a part count near 2^60 and the server loops on it for good, its memory growing 20-50 MB/s.
+- **Every v1 frame is checked before anything parses it:** a binary frame, at most MAX_PARTS parts, offsets that
+  start right after the offset table, never go backwards and end at the frame's end, a known channel and a JSON
+  header whose msg_type is one of the allowed (comm and kernel-info) types. Upstream,
+  `deserialize_msg_from_ws_v1` trusts the part count: one frame claiming 2^62 parts hangs the server. A bad frame
+  closes that connection (1008) with a one-line log.
+- **Messages are capped** (MAX_MESSAGE_BYTES, tornado's `websocket_max_message_size`), and a client that stops
+  reading is dropped once MAX_UNREAD_BYTES wait for it, instead of the server buffering the charts for it forever.
+- **No code runs from a page:** only comm and kernel-info messages reach a kernel (execute, inspect, complete and
+  debug requests are dropped: Voila's own list, checked here again), and pages get no tracebacks.
+- **Page kernels end when their page is gone:** a kernel with no websocket for `page_grace_s` (and not busy) is shut
+  down, whatever its activity; at most `max_pages` page kernels run at once, and a page beyond them is refused with
+  a 503 that says so (PageKernelManager).
+- **A page serves only this server's sessions:** `?session=` must name a session id under the server's home
+  (paths.page_session_dir): anything else is a 404 in one line, before a kernel starts.
+- **Logs hold no kernel ids or operator tokens**: each is replaced, in every log record of this process, by a tag
+  that can't be used to reach a kernel (the log file itself is 0600 in a 0700 folder: cli/serve.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import sys
+import time
+
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado import web
+from tornado.iostream import StreamClosedError
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+from traitlets import Bool, Float, Integer
+from voila.app import Voila
+from voila.execute import VoilaExecutor
+from voila.tornado.handler import TornadoVoilaHandler
+from voila.tornado.kernel_websocket_handler import VoilaKernelWebsocketHandler
+
+from ..bounds import QUOTE_LIMIT
+from ..paths import HOME_ENV, PageSessionError, home, page_session_dir
+
+V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
+# What a page may send a kernel: widget (comm) traffic and the kernel-info handshake; never code.
+ALLOWED_MESSAGE_TYPES = ("comm_open", "comm_close", "comm_msg", "comm_info_request", "kernel_info_request",
+                         "shutdown_request")
+MIN_PARTS = 4  # header, parent header, metadata, content
+MAX_PARTS = 64  # those four and binary buffers (a widget sends a few)
+MAX_HEADER_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a page sends clicks and values; the charts go the other way
+MAX_UNREAD_BYTES = 64 * 1024 * 1024  # what the server holds for a client that stopped reading before dropping it
+DEFAULT_MAX_PAGES = 16
+DEFAULT_PAGE_GRACE_S = 60.0
+CULL_INTERVAL_S = 10
+CLOSE_POLICY = 1008  # websocket close code: policy violation
+
+
+def v1_frame_problem(frame: bytes | str) -> str | None:
+    """Why a kernel-websocket frame from a client can't be passed on (None: it is a well-formed v1 frame of an
+    allowed type). Reads at most the offset table and the header: costs O(MAX_PARTS) whatever the frame claims."""
+    if not isinstance(frame, bytes):
+        return "a text message (this server speaks the v1 binary protocol only)"
+    if len(frame) < 8:
+        return f"a frame of {len(frame)} bytes (shorter than its part count)"
+    count = int.from_bytes(frame[:8], "little")  # offsets: channel start, each part's start, the end
+    if not MIN_PARTS + 2 <= count <= MAX_PARTS + 2:
+        return f"a frame claiming {count} offsets (allowed: {MIN_PARTS + 2} to {MAX_PARTS + 2})"
+    table_end = 8 * (count + 1)
+    if table_end > len(frame):
+        return f"a frame of {len(frame)} bytes too short for its {count} offsets"
+    offsets = [int.from_bytes(frame[8 * (i + 1):8 * (i + 2)], "little") for i in range(count)]
+    if offsets[0] != table_end or offsets[-1] != len(frame) or any(b < a for a, b in zip(offsets, offsets[1:])):
+        return "a frame whose offsets do not tile it"
+    try:
+        channel = frame[offsets[0]:offsets[1]].decode("utf-8")
+    except UnicodeDecodeError:
+        return "a frame whose channel is not text"
+    if channel not in CHANNELS:
+        return f"a frame on an unknown channel {channel[:40]!r}"
+    header = frame[offsets[1]:offsets[2]]
+    if len(header) > MAX_HEADER_BYTES:
+        return f"a frame whose header is {len(header)} bytes"
+    try:
+        msg_type = json.loads(header).get("msg_type")
+    except (ValueError, AttributeError, RecursionError):
+        return "a frame whose header is not a JSON object"
+    if msg_type not in ALLOWED_MESSAGE_TYPES:
+        return f"a {str(msg_type)[:40]!r} message (a page may send comm and kernel-info messages only)"
+    return None
+
+
+def _outgoing_msg_type(frame: bytes) -> str | None:
+    """The msg_type of a v1 frame the server made itself (None where it isn't one)."""
+    if len(frame) < 8 or not 3 <= int.from_bytes(frame[:8], "little") <= MAX_PARTS + 2:
+        return None
+    start, end = (int.from_bytes(frame[8 * i:8 * (i + 1)], "little") for i in (2, 3))
+    try:
+        return json.loads(frame[start:end]).get("msg_type")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+
+
+class OneLineErrors:
+    """An error answer in one line of plain text (the server has no error page of its own to render)."""
+
+    def write_error(self, status_code, **kwargs):
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(error, "log_message", None) or "the server could not answer"
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(f"{status_code} {self._reason}: {message}\n")
+
+
+class GuardedKernelWebsocketHandler(OneLineErrors, VoilaKernelWebsocketHandler):
+    """Voila's kernel websocket with the v1 subprotocol required and every frame checked before it is parsed."""
+
+    async def get(self, kernel_id):
+        offered = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        if V1_PROTOCOL not in offered:
+            self.log.warning("refused a kernel websocket without the %s subprotocol", V1_PROTOCOL)
+            raise web.HTTPError(400, f"this server speaks the {V1_PROTOCOL} kernel protocol only")
+        await super().get(kernel_id)
+
+    def select_subprotocol(self, subprotocols):
+        return V1_PROTOCOL if V1_PROTOCOL in subprotocols else None
+
+    async def open(self, kernel_id):
+        if self.ws_connection is not None and getattr(self.ws_connection, "stream", None) is not None:
+            self.ws_connection.stream.max_write_buffer_size = MAX_UNREAD_BYTES
+        await super().open(kernel_id)
+
+    def on_message(self, message):
+        problem = v1_frame_problem(message)
+        if problem is not None:
+            self.log.warning("closed a kernel websocket that sent %s", problem)
+            self.close(CLOSE_POLICY, problem[:120])
+            return
+        super().on_message(message)
+
+    def write_message(self, message, binary=False):
+        # Voila's own write_message reads each binary frame's header as v1 without bounds: every connection here
+        # is v1 and every frame the server's own, read here with bounds; execute_input stays hidden as in Voila.
+        if isinstance(message, bytes) and _outgoing_msg_type(message) == "execute_input":
+            return None
+        try:
+            return WebSocketHandler.write_message(self, message, binary)
+        except StreamClosedError:  # past MAX_UNREAD_BYTES: a client that stopped reading is dropped
+            self.log.warning("dropped a kernel websocket whose client stopped reading")
+            raise WebSocketClosedError() from None
+
+
+class GuardedVoilaHandler(OneLineErrors, TornadoVoilaHandler):
+    """The page: `?session=` checked against this server's sessions before a kernel starts."""
+
+    async def prepare(self):
+        await super().prepare()
+        value = self.get_query_argument("session", None)
+        try:
+            page_session_dir(value)
+        except PageSessionError as error:
+            raise web.HTTPError(404, str(error)) from None
+
+
+class PageKernelManager(AsyncMappingKernelManager):
+    """Page kernels, at most `max_pages`, each shut down `page_grace_s` after its last websocket closed."""
+
+    max_pages = Integer(DEFAULT_MAX_PAGES, config=True, help="page kernels running at once (more are refused)")
+    page_grace_s = Float(DEFAULT_PAGE_GRACE_S, config=True,
+                         help="a page kernel with no page connected for this long (and not busy) is shut down")
+    # Jupyter's own idle cull, which also runs the check above: a connected page is never culled, a day-idle one is.
+    cull_idle_timeout = Integer(24 * 3600, config=True)
+    cull_interval = Integer(CULL_INTERVAL_S, config=True)
+    cull_connected = Bool(False, config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.allowed_message_types = list(ALLOWED_MESSAGE_TYPES)
+        self._starting = 0
+        self._alone_since: dict[str, float] = {}  # kernel id -> when its last websocket closed (or it started)
+
+    async def start_kernel(self, **kwargs):
+        if len(self._kernels) + self._starting >= self.max_pages:
+            self.log.warning("refused a page: %d page kernels run already", self.max_pages)
+            raise web.HTTPError(503, f"this dashboard serves {self.max_pages} pages at once and all are open: close "
+                                     f"one (its kernel ends within {self.page_grace_s:.0f} s) and reload")
+        self._starting += 1
+        try:
+            kernel_id = await super().start_kernel(**kwargs)
+        finally:
+            self._starting -= 1
+        self._alone_since[kernel_id] = time.monotonic()
+        return kernel_id
+
+    def notify_connect(self, kernel_id):
+        super().notify_connect(kernel_id)
+        self._alone_since.pop(kernel_id, None)
+
+    def notify_disconnect(self, kernel_id):
+        super().notify_disconnect(kernel_id)
+        if self._kernel_connections.get(kernel_id, 1) <= 0:
+            self._alone_since[kernel_id] = time.monotonic()
+
+    async def shutdown_kernel(self, kernel_id, now=False, restart=False):
+        if not restart:
+            self._alone_since.pop(kernel_id, None)
+        return await super().shutdown_kernel(kernel_id, now=now, restart=restart)
+
+    async def cull_kernel_if_idle(self, kernel_id):
+        kernel = self._kernels[kernel_id]
+        alone_since = self._alone_since.get(kernel_id)
+        if alone_since is not None and getattr(kernel, "execution_state", None) == "busy":
+            self._alone_since[kernel_id] = alone_since = time.monotonic()  # rendering its page: not alone yet
+        if alone_since is not None and time.monotonic() - alone_since > self.page_grace_s:
+            self.log.info("ending page kernel %s: no page for %.0f s", kernel_id, time.monotonic() - alone_since)
+            await self.shutdown_kernel(kernel_id)
+            return
+        await super().cull_kernel_if_idle(kernel_id)
+
+
+# ------------------------------------------------------------------------------------------------ logs
+_KERNEL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+_TOKEN = re.compile(r"(token=)[^&\s'\"]+")
+
+
+def redact(text: str) -> str:
+    """A log line without kernel ids (a stable tag instead, useless for reaching the kernel) or operator tokens."""
+    text = _KERNEL_ID.sub(lambda m: "kernel#" + hashlib.sha256(m.group(0).lower().encode()).hexdigest()[:8], text)
+    return _TOKEN.sub(r"\1<hidden>", text)
+
+
+def redact_log_records() -> None:
+    """Every log record of this process is redacted when made (whatever logger, handler or format writes it)."""
+    make_record = logging.getLogRecordFactory()
+
+    def redacted_record(*args, **kwargs):
+        record = make_record(*args, **kwargs)
+        record.msg, record.args = redact(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    logging.setLogRecordFactory(redacted_record)
+
+
+# ------------------------------------------------------------------------------------------------ page errors
+def one_line_cell_errors(executor, cell):
+    """VoilaExecutor.strip_code_cell_errors, in one line: the error's kind and message, cut to 200 characters,
+    without the traceback or the server's home path (Voila's own says only "run with --show_tracebacks")."""
+    for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+        if output.get("output_type") == "error":
+            line = f"{output.get('ename', 'Error')}: {output.get('evalue', '')}".splitlines()[0]
+            line = line.replace(str(home()), "$" + HOME_ENV)[:QUOTE_LIMIT]
+            output["ename"], output["evalue"], output["traceback"] = "Error", line, [line]
+    return cell
+
+
+# ------------------------------------------------------------------------------------------------ the server
+class GuardedVoila(Voila):
+    """Voila with the guards above in place of its own page, websocket and kernel manager."""
+
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        self.voila_configuration.multi_kernel_manager_class = PageKernelManager
+        self.voila_configuration.show_tracebacks = False
+        VoilaExecutor.strip_code_cell_errors = one_line_cell_errors
+        self.tornado_settings = {**self.tornado_settings, "websocket_max_message_size": MAX_MESSAGE_BYTES}
+
+    def init_handlers(self):
+        swap = {VoilaKernelWebsocketHandler: GuardedKernelWebsocketHandler, TornadoVoilaHandler: GuardedVoilaHandler}
+        return [(spec[0], swap.get(spec[1], spec[1]), *spec[2:]) for spec in super().init_handlers()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    redact_log_records()
+    GuardedVoila.launch_instance(argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
