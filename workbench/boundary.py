@@ -64,10 +64,11 @@ class StepBoundary:
         ending = False
         while True:
             for directive in self.store.take_commands(kinds=c.RUNNER_DIRECTIVES, taker=c.TAKEN_BY_RUNNER):
-                if not self._signatures.verify(directive["kind"], directive["payload"]):
-                    self.store.finish_command(directive["id"], c.REFUSED, "not signed by this session's supervisor")
-                    self._event(c.EV_REFUSED, f"{directive['kind']}: not signed by this session's supervisor",
-                                {"command": directive["id"], "step": step})
+                why = self._signatures.refusal(directive["kind"], directive["payload"])
+                if why is not None:
+                    why = why if why.startswith("malformed") else "not signed by this session's supervisor"
+                    self.store.finish_command(directive["id"], c.REFUSED, why)
+                    self._event(c.EV_REFUSED, f"{directive['kind']}: {why}", {"command": directive["id"], "step": step})
                     continue
                 ending = self._execute(directive, step) or ending
             if not self.paused:

@@ -153,10 +153,24 @@ class SignatureCheck:
 
     def verify(self, kind: str, payload: dict[str, Any]) -> bool:
         """Whether the command came from the operator; takes the signature fields out of `payload`."""
+        return self.refusal(kind, payload) is None
+
+    def refusal(self, kind: Any, payload: Any) -> str | None:
+        """Why a command row is refused (None: the operator signed it): checked in this order, each before
+        anything reads the row further — its shape (a known kind, a JSON object as payload), then its signature.
+        Takes the signature fields out of a well-shaped `payload`."""
+        if not isinstance(kind, str) or kind not in USER_COMMANDS + RUNNER_DIRECTIVES:
+            return f"malformed command: unknown kind {str(kind)[:40]!r}"
+        if not isinstance(payload, dict):
+            return "malformed command: its payload is not a JSON object"
         nonce, sig = (payload.pop(field, None) for field in SIGNATURE_FIELDS)
         if not isinstance(nonce, str) or not isinstance(sig, str) or nonce in self._used:
-            return False
-        if not hmac.compare_digest(sig, signature(self._token, kind, nonce, payload)):
-            return False
+            return "not signed: attach with the operator token to control"
+        try:
+            signed_by_operator = hmac.compare_digest(sig.encode(), signature(self._token, kind, nonce, payload).encode())
+        except (TypeError, ValueError, RecursionError):  # a payload json can't write again
+            return "malformed command: its payload can't be signed"
+        if not signed_by_operator:
+            return "not the operator: attach with the operator token to control"
         self._used.add(nonce)
-        return True
+        return None

@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from workbench import verl_config
+from workbench.bounds import quoted
 
 KINDS = ("int", "float", "bool", "choice", "str", "gpus", "env")
 APPLY_CLASSES = ("hot", "restart")
@@ -44,6 +45,14 @@ NCCL_VARIABLE = re.compile(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$")
 _TRUE_WORDS = {"true", "1", "yes", "on"}
 _FALSE_WORDS = {"false", "0", "no", "off"}
 _NULL_WORDS = {"", "none", "null"}
+
+# Upper bounds, far above any real run, so that a typo or a hostile value (10**100 tokens) is refused in words
+# instead of reaching verl, and lists and strings of bounded size (an error then quotes them cut: bounds.quoted).
+MAX_GPUS = 1024  # a session's GPUs, GPU indices and pools (128 nodes of 8)
+MAX_TOKENS = 1 << 24  # a token budget or length: 16 M tokens per GPU
+MAX_SEQUENCES = 1 << 20  # prompts per step, sequences in flight
+MAX_LIST_ITEMS = 256  # items of a list-of-strings knob, variables of the env knob
+MAX_TEXT = 256  # characters of one string value
 
 
 @dataclass(frozen=True)
@@ -187,28 +196,44 @@ class Knob:
     def problems(self, value: Any) -> list[str]:
         """Every problem with `value` on its own (type, range, choices), each message naming the knob."""
         if not self.has_valid_type(value):
-            return [f"{self.name}: {value!r} is not {self._type_words()}"]
+            return [f"{self.name}: {quoted(value)} is not {self._type_words()}"]
+        too_large = self._size_problem(value)
+        if too_large:
+            return [too_large]
         if value is None:
             return []
         found: list[str] = []
         if self.kind in ("int", "float"):
             low, high = self.bounds
             if low is not None and (value <= low if self.lower_bound_open else value < low):
-                found.append(f"{self.name}: {value!r} is below its range {self._range_words()}")
+                found.append(f"{self.name}: {quoted(value)} is below its range {self._range_words()}")
             if high is not None and value > high:
-                found.append(f"{self.name}: {value!r} is above its range {self._range_words()}")
+                found.append(f"{self.name}: {quoted(value)} is above its range {self._range_words()}")
         elif self.kind == "choice" and value not in self.choices:
-            found.append(f"{self.name}: {value!r} is not one of {', '.join(self.choices)}")
+            found.append(f"{self.name}: {quoted(value)} is not one of {', '.join(self.choices)}")
         elif self.kind == "gpus":
             if not value:
                 found.append(f"{self.name}: needs at least one GPU index")
             found += [f"{self.name}: GPU index {index} is negative" for index in value if index < 0]
+            found += [f"{self.name}: GPU index {quoted(index)} is past the largest {MAX_GPUS - 1}"
+                      for index in value if index >= MAX_GPUS]
             found += [f"{self.name}: GPU {index} is listed twice" for index in sorted(set(value))
                       if value.count(index) > 1]
         elif self.kind == "env":
-            found += [f"{self.name}: {name!r} is not an NCCL variable (NCCL_* or TORCH_NCCL_*)"
+            found += [f"{self.name}: {quoted(name, 80)} is not an NCCL variable (NCCL_* or TORCH_NCCL_*)"
                       for name in value if not NCCL_VARIABLE.match(str(name))]
-        return found
+        return found[:8] + ([f"{self.name}: and {len(found) - 8} more problems"] if len(found) > 8 else [])
+
+    def _size_problem(self, value: Any) -> str | None:
+        """A list or string past MAX_GPUS / MAX_LIST_ITEMS / MAX_TEXT (checked before anything else reads it)."""
+        items = MAX_GPUS if self.kind == "gpus" else MAX_LIST_ITEMS
+        if isinstance(value, (list, dict)) and len(value) > items:
+            return f"{self.name}: {len(value):,} items, more than the {items} it may hold"
+        texts = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
+        longest = max((text for text in texts if isinstance(text, str)), key=len, default="")
+        if len(longest) > MAX_TEXT:
+            return f"{self.name}: {quoted(longest, 60)} is longer than {MAX_TEXT} characters"
+        return None
 
     def parse(self, text: str) -> Any:
         """The value a command-line or text-box string stands for; ValueError naming the knob if none."""
@@ -218,7 +243,7 @@ class Knob:
         try:
             return self._parse(text)
         except (ValueError, json.JSONDecodeError) as error:
-            raise ValueError(f"{self.name}: cannot read {text!r} as {self._type_words()} ({error})") from error
+            raise ValueError(f"{self.name}: cannot read {quoted(text)} as {self._type_words()}") from error
 
     def _parse(self, text: str) -> Any:
         if self.kind == "int":
@@ -276,17 +301,17 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          roles=("placement",), phases=WHOLE_STEP, model_group=UNMODELLED),
     Knob("critic_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the critic alone (0 = shares the actor's GPUs); launched by workbench.launch.",
-         bounds=(0, None), workbench_default=0, derived_keys=_PLACEMENT_KEYS,
+         bounds=(0, MAX_GPUS), workbench_default=0, derived_keys=_PLACEMENT_KEYS,
          roles=("critic",), phases=("values", "update_critic"), model_group=UNMODELLED),
     Knob("reward_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the reward model's own pool (0 = colocated); needs reward.reward_model.enable.",
-         bounds=(0, None), workbench_default=0,
+         bounds=(0, MAX_GPUS), workbench_default=0,
          derived_keys=_PLACEMENT_KEYS + ("reward.reward_model.enable_resource_pool",
                                          "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes"),
          roles=("reward",), phases=("reward",), model_group=UNMODELLED),
     Knob("rollout_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for standalone rollout servers; trainer_mode=separate_async needs at least one.",
-         bounds=(0, None), workbench_default=0,
+         bounds=(0, MAX_GPUS), workbench_default=0,
          derived_keys=_PLACEMENT_KEYS + (f"{_ROLLOUT}.nnodes", f"{_ROLLOUT}.n_gpus_per_node"),
          roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED),
     # --- token budgets --------------------------------------------------------------------------------------------
@@ -297,31 +322,31 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          roles=("actor", "ref", "critic"), phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"),
          model_group="batching"),
     Knob("actor_token_budget", ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",), "int", "hot",
-         "token budgets", "Tokens per GPU per actor-update micro batch (with use_dynamic_bsz).", bounds=(1, None),
+         "token budgets", "Tokens per GPU per actor-update micro batch (with use_dynamic_bsz).", bounds=(1, MAX_TOKENS),
          roles=("actor",), phases=("update_actor",),
          runner=call_budget("_update_actor"), model_group="batching", micro_batch_unit="tokens"),
     Knob("logprob_token_budget", (f"{_ROLLOUT}.log_prob_max_token_len_per_gpu",), "int", "hot", "token budgets",
-         "Tokens per GPU per old-log-prob micro batch (with use_dynamic_bsz).", bounds=(1, None),
+         "Tokens per GPU per old-log-prob micro batch (with use_dynamic_bsz).", bounds=(1, MAX_TOKENS),
          roles=("actor",), phases=("old_log_prob",),
          runner=call_budget("_compute_old_log_prob"), model_group="batching", micro_batch_unit="tokens"),
     Knob("ref_token_budget", ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",), "int", "hot",
          "token budgets", "Tokens per GPU per reference log-prob micro batch (with use_dynamic_bsz).",
-         bounds=(1, None),
+         bounds=(1, MAX_TOKENS),
          roles=("ref",), phases=("ref",),
          runner=call_budget("_compute_ref_log_prob"), model_group="batching", micro_batch_unit="tokens"),
     # verl 0.9.1's V1 trainer feeds the critic engine's train AND infer budgets from ppo_infer_max_token_len_per_gpu
     # (trainer_base.py), a key only CriticConfig declares; ppo_max_token_len_per_gpu is set too so both agree.
     Knob("critic_token_budget", ("critic.ppo_infer_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
          "int", "hot", "token budgets", "Tokens per GPU per critic micro batch (with use_dynamic_bsz).",
-         bounds=(1, None),
+         bounds=(1, MAX_TOKENS),
          roles=("critic",), phases=("values", "update_critic"),
          runner=call_budget("_compute_values", "_update_critic"), model_group="batching", micro_batch_unit="tokens"),
     # --- LoRA critic ----------------------------------------------------------------------------------------------
     Knob("critic_lora_rank", ("critic.model.lora_rank",), "int", "restart", "LoRA critic",
-         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.launch.", bounds=(0, None),
+         "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.launch.", bounds=(0, 4096),
          roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
     Knob("critic_lora_alpha", ("critic.model.lora_alpha",), "int", "restart", "LoRA critic",
-         "LoRA scaling factor alpha of the critic.", bounds=(1, None),
+         "LoRA scaling factor alpha of the critic.", bounds=(1, 1 << 16),
          roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
     Knob("critic_lora_targets", ("critic.model.target_modules",), "str", "restart", "LoRA critic",
          "Critic modules that get LoRA adapters: all-linear or a list of module names.",
@@ -339,20 +364,20 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "Share of each GPU's memory the rollout engine may take.", bounds=(0.0, 0.95), lower_bound_open=True,
          roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
     Knob("rollout_tp", (f"{_ROLLOUT}.tensor_model_parallel_size",), "int", "restart", "rollout",
-         "Tensor-parallel GPUs per rollout replica.", bounds=(1, None),
+         "Tensor-parallel GPUs per rollout replica.", bounds=(1, MAX_GPUS),
          roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED),
     Knob("rollout_max_batched_tokens", (f"{_ROLLOUT}.max_num_batched_tokens",), "int", "restart", "rollout",
-         "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, None),
+         "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, MAX_TOKENS),
          roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
     Knob("rollout_enforce_eager", (f"{_ROLLOUT}.enforce_eager",), "bool", "restart", "rollout",
          "Run vLLM without CUDA graphs: a shorter start-up, slower decoding (false = capture CUDA graphs).",
          roles=("rollout",), phases=("gen",), model_group="rollout_enforce_eager"),
     Knob("rollout_max_num_seqs", (f"{_ROLLOUT}.max_num_seqs",), "int", "restart", "rollout",
-         "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, None),
+         "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, MAX_SEQUENCES),
          roles=("rollout",), phases=("gen",), model_group="waves"),
     Knob("agent_workers", (f"{_ROLLOUT}.agent.num_workers",), "int", "restart", "rollout",
          "Agent-loop workers that send prompts to the rollout servers (H200: 2 -> 8 changed nothing).",
-         bounds=(1, None),
+         bounds=(1, 1024),
          roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
     # --- algorithm: knobs that change what is trained (never proposed unless asked for) --------------------------
     Knob("rollout_logprob_bypass", ("algorithm.rollout_correction.bypass_mode",), "bool", "restart", "algorithm",
@@ -400,34 +425,35 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"), model_group=UNMODELLED),
     # --- batch ----------------------------------------------------------------------------------------------------
     Knob("train_batch_size", ("data.train_batch_size",), "int", "restart", "batch",
-         "Prompts per training step.", bounds=(1, None),
+         "Prompts per training step.", bounds=(1, MAX_SEQUENCES),
          roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
     Knob("ppo_mini_batch_size", ("actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"),
-         "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, None),
+         "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, MAX_SEQUENCES),
          roles=("actor", "critic"), phases=("update_actor", "update_critic"), model_group="batching"),
     Knob("actor_micro_batch", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "int", "restart",
          "batch", "Sequences per GPU per actor-update micro batch (without use_dynamic_bsz).",
-         bounds=(1, None), nullable=True,
+         bounds=(1, MAX_SEQUENCES), nullable=True,
          roles=("actor",), phases=("update_actor",), model_group="batching",
          micro_batch_unit="sequences"),
     Knob("logprob_micro_batch", (f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu",), "int", "restart", "batch",
          "Sequences per GPU per old-log-prob micro batch (without use_dynamic_bsz).",
-         bounds=(1, None), nullable=True,
+         bounds=(1, MAX_SEQUENCES), nullable=True,
          roles=("actor",), phases=("old_log_prob",), model_group="batching",
          micro_batch_unit="sequences"),
     Knob("ref_micro_batch", ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",), "int", "restart",
          "batch", "Sequences per GPU per reference log-prob micro batch (without use_dynamic_bsz).",
-         bounds=(1, None), nullable=True,
+         bounds=(1, MAX_SEQUENCES), nullable=True,
          roles=("ref",), phases=("ref",), model_group="batching", micro_batch_unit="sequences"),
     Knob("critic_micro_batch", ("critic.ppo_micro_batch_size_per_gpu",), "int", "restart", "batch",
-         "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, None), nullable=True,
+         "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, MAX_SEQUENCES),
+         nullable=True,
          roles=("critic",), phases=("values", "update_critic"), model_group="batching",
          micro_batch_unit="sequences"),
     Knob("max_prompt_length", ("data.max_prompt_length",), "int", "restart", "batch",
-         "Longest prompt in tokens.", bounds=(1, None),
+         "Longest prompt in tokens.", bounds=(1, MAX_TOKENS),
          roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
     Knob("max_response_length", ("data.max_response_length",), "int", "restart", "batch",
-         "Longest generated response in tokens.", bounds=(1, None),
+         "Longest generated response in tokens.", bounds=(1, MAX_TOKENS),
          roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
     # --- environment ----------------------------------------------------------------------------------------------
     Knob("nccl_env", ("ray_kwargs.ray_init.runtime_env.env_vars",), "env", "restart", "environment",

@@ -24,6 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from workbench import redact
+from workbench.bounds import InputTooLarge, check_yaml_file, quoted
 from workbench.knobs import KNOBS, WORKBENCH_KNOBS, Knob, knob_defaults
 from workbench import verl_config
 
@@ -207,7 +208,10 @@ def _without_superseded(base_overrides: tuple[str, ...], knob_overrides: tuple[s
                  if key is None or key not in superseded)
 
 
-def _unknown_knob(name: str) -> str:
+def unknown_knob(name: Any) -> str:
+    """The problem message for a name KNOBS lacks (the closest knob suggested; a strange name quoted, cut)."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,79}", name):
+        return f"{quoted(name, 80)}: unknown knob (knob names are the strings KNOBS lists)"
     close = difflib.get_close_matches(name, list(KNOBS), n=1)
     return f"{name}: unknown knob" + (f" (did you mean {close[0]}?)" if close else "")
 
@@ -259,7 +263,10 @@ class Plan:
     def from_yaml(cls, path: str | Path, overrides: Iterable[str] = ()) -> Plan:
         """A plan from a verl config YAML (full, as `to_yaml` writes, or partial), then extra overrides."""
         try:
+            check_yaml_file(path)  # size, depth and aliases before anything builds it
             yaml_overrides, named = verl_config.overrides_from_yaml(path)
+        except InputTooLarge as error:
+            raise PlanError([f"yaml: {error}"]) from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -279,13 +286,13 @@ class Plan:
         """The plan `to_json` wrote."""
         try:
             data = json.loads(text)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise PlanError([f"json: not a plan document: {error}"]) from None
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise PlanError([f"json: not a {PLAN_FORMAT} document"])
         if not isinstance(data.get("overrides"), list) or not isinstance(data.get("knobs"), dict):
             raise PlanError([f"json: a {PLAN_FORMAT} document needs its overrides (a list) and knobs (an object)"])
-        problems = [_unknown_knob(name) for name in data["knobs"] if name not in KNOBS]
+        problems = [unknown_knob(name) for name in data["knobs"] if name not in KNOBS]
         settings = {name: KNOBS[name].normalize(value) for name, value in data["knobs"].items() if name in KNOBS}
         problems += [problem for name, value in settings.items() for problem in KNOBS[name].problems(value)]
         if problems:
@@ -319,7 +326,7 @@ class Plan:
         for name, value in changes.items():
             knob = KNOBS.get(name)
             if knob is None:
-                problems.append(_unknown_knob(name))
+                problems.append(unknown_knob(name))
                 continue
             value = knob.normalize(value)
             problems += knob.problems(value)
@@ -380,6 +387,8 @@ class Plan:
         `validate_config` runs last, on a plan that passes the workbench's checks: verl stops at its first
         failure, and most of what it checks is already named here knob by knob.
         """
+        if gpu_count is not None and (not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 1):
+            raise PlanError([f"gpu_count: {quoted(gpu_count)} is not a GPU count (an integer of at least 1)"])
         values = self._knob_values
         problems = [problem for name, knob in KNOBS.items() for problem in knob.problems(values[name])]
         if not all(knob.has_valid_type(values[name]) for name, knob in KNOBS.items()):

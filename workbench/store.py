@@ -81,6 +81,43 @@ class StoreError(RuntimeError):
     pass
 
 
+SQLITE_HEADER = b"SQLite format 3\0"
+
+
+def _damage(path: Path) -> str | None:
+    """Why the file at `path` is not a whole SQLite database (None: it may be one). Reads its 100-byte header only:
+    a file of another kind, an empty file or one cut short (fewer bytes than the pages its header counts)."""
+    with open(path, "rb") as stream:
+        header = stream.read(100)
+    size = path.stat().st_size
+    if size == 0:
+        return "an empty file"
+    if len(header) < 100 or not header.startswith(SQLITE_HEADER):
+        return "not an SQLite database"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    # The page count is valid when its version matches the change counter; a store with a WAL beside it may be
+    # being checkpointed (its header can run ahead of its size), and SQLite itself judges it.
+    counted = header[92:96] == header[24:28] and not path.with_name(path.name + "-wal").exists()
+    if page_size < 512 or (counted and size < page_size * pages):
+        return f"cut short ({size:,} of the {page_size * pages:,} bytes its header counts)"
+    return None
+
+
+def _check_ours(db: sqlite3.Connection, path: Path) -> None:
+    """Raise StoreError (one line) unless `db` holds a session store's tables: a file that isn't ours is left as
+    it was (never given a schema), a damaged one said so."""
+    try:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as error:
+        raise StoreError(f"{path} is not a readable session store ({error})") from None
+    missing = [table for table in TABLES if table not in tables]
+    if missing:
+        raise StoreError(f"{path} is not a session store (no {', '.join(missing[:3])} table"
+                         f"{'s' if len(missing) > 1 else ''}): left as it was")
+
+
 def _bump(db: sqlite3.Connection, name: str) -> None:
     """Count a change in place (meta, segments, commands) so poll() sees it without reading the rows."""
     db.execute(
@@ -101,10 +138,14 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         try:
             db.execute("PRAGMA busy_timeout=30000")
             db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            _check_ours(db, path)
             return db
         except sqlite3.OperationalError as error:
             db.close()
             last = error
+        except BaseException:
+            db.close()
+            raise
     raise StoreError(f"cannot read the session store {path}: {last}")
 
 
@@ -118,6 +159,21 @@ def _json_default(o: Any):
     if isinstance(o, (set, tuple)):
         return list(o)
     return str(o)
+
+
+def _decoded(text: Any) -> Any:
+    """A JSON column's value, or None where it is not JSON: any process that can write the store can write a row,
+    and one bad row must not stop a reader (a command's taker refuses what isn't a JSON object, see
+    control.SignatureCheck.refusal)."""
+    try:
+        return json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        return None
+
+
+def _object(text: Any) -> dict:
+    value = _decoded(text)
+    return value if isinstance(value, dict) else {}
 
 
 def _nan_to_none(v: Any) -> Any:
@@ -136,18 +192,32 @@ class Store:
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
+        existing = path.exists()
+        if existing:
+            damage = _damage(path)
+            if damage:
+                raise StoreError(f"{path} is not a session store: {damage}; it was left as it was")
         if readonly:
             self._db = _connect_readonly(path)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
+        if not existing:
             # The owner's alone (SQLite gives its -wal and -shm files the same mode): a store holds what a run did.
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self._db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.execute("PRAGMA busy_timeout=30000")
+            if existing:
+                _check_ours(self._db, path)  # before WAL mode or a schema touch it
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as error:
+            self._db.close()
+            raise StoreError(f"cannot open the session store {path}: {error}") from None
+        except BaseException:
+            self._db.close()
+            raise
 
     # ------------------------------------------------------------------ plumbing
     def close(self) -> None:
@@ -181,7 +251,7 @@ class Store:
             _bump(db, "meta")
 
     def meta(self) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self._query("SELECT key, value FROM meta")
+        return {k: _decoded(v) for k, v in self._query("SELECT key, value FROM meta")
                 if not k.startswith(_REV_PREFIX)}
 
     def poll_row(self) -> tuple:
@@ -278,7 +348,7 @@ class Store:
             db.executemany("UPDATE commands SET state=? WHERE id=?", [(taker, r[0]) for r in rows])
             if rows:
                 _bump(db, "commands")
-        return [dict(id=r[0], t=r[1], kind=r[2], payload=json.loads(r[3])) for r in rows]
+        return [dict(id=r[0], t=r[1], kind=r[2], payload=_decoded(r[3])) for r in rows]
 
     def finish_command(self, command_id: int, state: str, result: Any = None, *, final: bool = True) -> None:
         """Answer a command; final=False for a state it moves on from (an apply accepted, restarting)."""
@@ -300,7 +370,7 @@ class Store:
             args += kinds
         out = self._as_dicts("commands", self._query(sql + " ORDER BY id", args))
         for command in out:
-            command["result"] = json.loads(command["result"]) if command["result"] else None
+            command["result"] = _decoded(command["result"]) if command["result"] else None
         return out
 
     def command(self, command_id: int) -> dict[str, Any] | None:
@@ -415,7 +485,7 @@ class Store:
             d = dict(zip(cols, r))
             for k in ("metrics_json", "data_json", "payload_json"):
                 if k in d and d[k] is not None:
-                    d[k[: -len("_json")]] = json.loads(d.pop(k))
+                    d[k[: -len("_json")]] = _decoded(d.pop(k))
             out.append(d)
         return out
 
@@ -431,10 +501,10 @@ def _expand_json(table: str, df: pd.DataFrame) -> pd.DataFrame:
     if table in _FLOAT_COLUMNS:
         df = df.astype({c: "float64" for c in _FLOAT_COLUMNS[table]})
     elif table == "steps":
-        metrics = pd.DataFrame([json.loads(s) for s in df.pop("metrics_json")], index=df.index)
+        metrics = pd.DataFrame([_object(s) for s in df.pop("metrics_json")], index=df.index)
         df = pd.concat([df, metrics.astype("float64", errors="ignore")], axis=1)
     elif table == "events":
-        df["data"] = [json.loads(s) for s in df.pop("data_json")]
+        df["data"] = [_object(s) for s in df.pop("data_json")]
     elif table == "commands":
-        df["payload"] = [json.loads(s) for s in df.pop("payload_json")]
+        df["payload"] = [_decoded(s) for s in df.pop("payload_json")]
     return df

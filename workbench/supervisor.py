@@ -21,6 +21,7 @@ import errno
 import json
 import os
 import signal
+import sqlite3
 import traceback
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from .procs import end_child, kill_tree
 from .runner.runtime import (ACTOR_HF_ENV, CRITIC_GPUS_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV,
                              SUPERVISOR_PID_ENV)
 from .ray_cluster import SessionRayCluster
-from .store import Store
+from .store import Store, StoreError
 
 POLL_S = 0.1  # a command waits at most this long to be taken: a hot change must reach the next step boundary
 STOP_GRACE_S = 120.0  # a stop waits for the step boundary this long before it kills the run
@@ -204,10 +205,12 @@ class Supervisor:
 
     # ----------------------------------------------------------------- commands
     def handle_commands(self) -> None:
+        """Answer every command claimed: a malformed or unsigned row is refused with its reason, a command that
+        fails says why; only a store that can't be written stops the supervisor (fail() then releases the rest)."""
         for cmd in self.store.take_commands(kinds=c.USER_COMMANDS, taker=c.TAKEN_BY_SUPERVISOR):
             kind, payload = cmd["kind"], cmd["payload"]
-            if not self.signatures.verify(kind, payload):
-                why = "not the operator: attach with the operator token to control"
+            why = self.signatures.refusal(kind, payload)
+            if why is not None:
                 self.store.finish_command(cmd["id"], c.REFUSED, {"problems": {PLAN_PROBLEM: why}, "message": why}
                                           if kind == c.APPLY else why)
                 continue
@@ -216,8 +219,10 @@ class Supervisor:
                     self.cmd_apply(cmd["id"], payload)  # answers the command itself, and follows it
                 else:
                     self.store.finish_command(cmd["id"], c.DONE, getattr(self, f"cmd_{kind}")(payload))
-            except (PlanError, RuntimeError, ValueError) as e:
-                problems = e.problems if isinstance(e, PlanError) else {PLAN_PROBLEM: str(e)}
+            except (sqlite3.Error, StoreError, OSError):
+                raise
+            except (PlanError, RuntimeError, ValueError, TypeError, AttributeError, KeyError) as e:
+                problems = e.problems if isinstance(e, PlanError) else {PLAN_PROBLEM: _words(e)[:400]}
                 if kind == c.APPLY:
                     self.store.finish_command(cmd["id"], c.REFUSED, {"problems": problems, "message": str(e)})
                 else:
@@ -275,6 +280,11 @@ class Supervisor:
             self.store.finish_command(directive["id"], c.DROPPED, reason)
         self.pending_plan = self.pending_command = None
         self.resuming = None
+
+    def _release_claimed(self, reason: str) -> None:
+        """Commands this supervisor claimed and will never answer: said so, not left "supervisor" for ever."""
+        for cmd in self.store.commands_in([c.TAKEN_BY_SUPERVISOR]):
+            self.store.finish_command(cmd["id"], c.FAILED_COMMAND, reason)
 
     def check_resumed(self) -> None:
         """A restart-class change is resumed once its relaunched run is ready (the runner's `started` event)."""
@@ -434,6 +444,7 @@ class Supervisor:
         """End what runs and say why the supervisor stops (in the store if it takes it, else the failure note)."""
         for step in (lambda: self.run is not None and self.run.kill(), self._stop_sampler,
                      lambda: self._abandon_changes(f"the supervisor failed: {reason}"),
+                     lambda: self._release_claimed(f"the supervisor failed: {reason}"),
                      lambda: self.segment_id is not None and self.store.end_segment(self.segment_id, "failed", reason)):
             try:
                 step()

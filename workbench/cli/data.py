@@ -8,6 +8,8 @@ import sys
 from workbench.assets.convert import GSM8K_DATA_SOURCE, ConvertError, convert_jsonl
 from workbench.assets.generate import SHAPES, generate_assets
 
+from .args import positive_int, torch_device
+
 
 def add_data_commands(subparsers) -> None:
     data = subparsers.add_parser("data", help="prepare datasets and offline model assets")
@@ -40,9 +42,9 @@ def add_data_commands(subparsers) -> None:
     )
     generate.add_argument("out", help="directory to write")
     generate.add_argument("--shape", choices=list(SHAPES), default="tiny", help="model shape (default: tiny)")
-    generate.add_argument("--n-train", type=int, default=512, help="training prompts (default: 512)")
-    generate.add_argument("--n-test", type=int, default=64, help="test prompts (default: 64)")
-    generate.add_argument("--device", default="cpu", help="where to initialise the weights, e.g. cuda (default: cpu)")
+    generate.add_argument("--n-train", type=positive_int, default=512, help="training prompts (default: 512)")
+    generate.add_argument("--n-test", type=positive_int, default=64, help="test prompts (default: 64)")
+    generate.add_argument("--device", type=torch_device, default="cpu", help="where to initialise the weights, e.g. cuda (default: cpu)")
     generate.set_defaults(func=run_generate)
 
 

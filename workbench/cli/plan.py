@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.knobs import GROUPS, KNOBS
-from workbench.plan import Plan, PlanError
+from workbench.bounds import quoted
+from workbench.plan import Plan, PlanError, unknown_knob
+
+from .args import positive_int
 
 EXPORT_FORMATS = ("overrides", "yaml", "command", "json")
 # Exit status for a plan that is invalid or cannot be built (argparse also uses 2 for bad arguments).
@@ -35,9 +38,9 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
         name, separator, text = setting.partition("=")
         name = name.strip()
         if not separator:
-            raise ValueError(f"--set {setting!r}: expected KNOB=VALUE")
+            raise ValueError(f"--set {quoted(setting, 80)}: expected KNOB=VALUE")
         if name not in KNOBS:
-            raise PlanError([f"{name}: unknown knob"])
+            raise PlanError([unknown_knob(name)])
         changes[name] = KNOBS[name].parse(text)
     return changes
 
@@ -115,8 +118,11 @@ def _reporting_problems(handler):
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except PlanError as error:
-            print("plan problems:", *error.messages, sep="\n  ", file=sys.stderr)
+        except PlanError as error:  # one problem: one line; several: each on a line of its own
+            if len(error.messages) == 1:
+                print(f"plan: {error.messages[0]}", file=sys.stderr)
+            else:
+                print("plan problems:", *error.messages, sep="\n  ", file=sys.stderr)
         except (ValueError, OSError) as error:
             print(f"plan: {error}", file=sys.stderr)
         return EXIT_INVALID
@@ -133,7 +139,7 @@ def add_plan_commands(subparsers: argparse._SubParsersAction) -> None:
 
     validate = actions.add_parser("validate", help="check the plan; exit 2 listing every problem")
     add_plan_inputs(validate)
-    validate.add_argument("--gpu-count", type=int, metavar="N", help="GPUs on the machine that will run it")
+    validate.add_argument("--gpu-count", type=positive_int, metavar="N", help="GPUs on the machine that will run it")
     validate.set_defaults(func=_reporting_problems(_validate))
 
     diff = actions.add_parser("diff", help="what changes between plans A and B (.json plan or verl YAML), "

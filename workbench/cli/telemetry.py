@@ -14,21 +14,22 @@ import pandas as pd
 from ..session import Session
 from ..store import SAMPLE_COLUMNS
 from ..telemetry.balance import balance_frame, balance_verdicts
-from ..telemetry.nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
+from ..telemetry.nvml import NvmlReader, NvmlUnavailable
+from .args import gpu_list, nonnegative_int, positive_number
 from ..telemetry.sampling import EXIT_NO_NVML, Sampler
 
 
 def add_telemetry_commands(subparsers: argparse._SubParsersAction) -> None:
     balance = subparsers.add_parser("balance", help="per-GPU load balance of a session, with verdicts")
     balance.add_argument("session", nargs="?", default=None, help="session directory or id (default: the newest)")
-    balance.add_argument("--since-step", type=int, default=None, metavar="N", help="only the samples from step N on")
+    balance.add_argument("--since-step", type=nonnegative_int, default=None, metavar="N", help="only the samples from step N on")
     balance.set_defaults(func=balance_command)
 
     sample = subparsers.add_parser("sample", help="sample this machine's GPUs through NVML, as CSV")
-    sample.add_argument("--hz", type=float, default=10.0, help="samples per second (default 10)")
-    sample.add_argument("--seconds", type=float, default=None, metavar="N", help="stop after N seconds (default: at Ctrl-C)")
+    sample.add_argument("--hz", type=positive_number, default=10.0, help="samples per second (default 10)")
+    sample.add_argument("--seconds", type=positive_number, default=None, metavar="N", help="stop after N seconds (default: at Ctrl-C)")
     sample.add_argument("--out", default=None, metavar="CSV", help="write to this file (default: stdout)")
-    sample.add_argument("--gpus", default=None, help="GPU indices, e.g. 0,1 (default: all)")
+    sample.add_argument("--gpus", type=gpu_list, default=None, help="GPU indices, e.g. 0,1 (default: all)")
     sample.set_defaults(func=sample_command)
 
 
@@ -98,7 +99,7 @@ class CsvSink:
 
 def sample_command(args: argparse.Namespace) -> int:
     try:
-        reader = NvmlReader(parse_gpu_list(args.gpus))
+        reader = NvmlReader(args.gpus)
     except NvmlUnavailable as e:
         print(f"sample: {e}", file=sys.stderr)
         return EXIT_NO_NVML
