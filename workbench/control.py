@@ -167,7 +167,8 @@ class SignatureCheck:
         if not isinstance(nonce, str) or not isinstance(sig, str) or nonce in self._used:
             return "not signed: attach with the operator token to control"
         try:
-            signed_by_operator = hmac.compare_digest(sig.encode(), signature(self._token, kind, nonce, payload).encode())
+            expected = signature(self._token, kind, nonce, payload)
+            signed_by_operator = hmac.compare_digest(sig.encode(), expected.encode())
         except (TypeError, ValueError, RecursionError):  # a payload json can't write again
             return "malformed command: its payload can't be signed"
         if not signed_by_operator:
