@@ -241,6 +241,7 @@ def test_a_damaged_store_is_refused_and_left_as_it_was(kind, case_files, tmp_pat
     assert tree(directory) == before
 
 
+@pytest.mark.slow
 def test_preview_with_a_non_string_knob_name_gets_one_line(home):
     from workbench.session import Session
 
