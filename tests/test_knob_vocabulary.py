@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 
 from workbench import advisor, knobs, predict
 from workbench.knobs import KNOBS, UNMODELLED, Knob, RunnerPath, call_budget
@@ -33,7 +34,7 @@ def _runner_implements(knob: Knob) -> list[str]:
     if path.kind not in runner_trainer.HOT_PATH_KINDS:
         return [f"{knob.name}: the runner implements no {path.kind!r} path (HOT_PATH_KINDS)"]
     missing = []
-    if path.kind == "call_budget":
+    if path.kind == "call":
         for call in path.calls:
             if call not in _verl_trainer_calls():
                 missing.append(f"{knob.name}: verl's V1 trainer has no call {call}")
@@ -116,8 +117,10 @@ def test_a_trainer_call_gets_its_live_budget_then_runs_verls_call():
             return ("update_actor", dict(batch.extra_info))
 
     trainer = object.__new__(runner_trainer.workbench_trainer(VerlTrainer))
-    trainer.config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(actor=SimpleNamespace(use_dynamic_bsz=True)))
-    trainer._wb_budgets = {"critic_token_budget": 5000, "actor_token_budget": 7000}
+    trainer.config = OmegaConf.create({
+        "actor_rollout_ref": {"actor": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 7000,
+                                        "ppo_micro_batch_size_per_gpu": None}},
+        "critic": {"ppo_infer_max_token_len_per_gpu": 5000, "ppo_micro_batch_size_per_gpu": None}})
     assert trainer._compute_values(SimpleNamespace(extra_info={}), {}) == (
         "values", {"use_dynamic_bsz": True, "max_token_len_per_gpu": 5000})
     assert trainer._update_actor(SimpleNamespace(extra_info={}), {}) == (

@@ -47,7 +47,9 @@ def test_table_is_well_formed():
         assert knob.help and "\n" not in knob.help
         assert knob.workbench_only == (knob.workbench_default is not None)
     hot = {name for name, knob in KNOBS.items() if knob.apply == "hot"}
-    assert hot == {"actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget"}
+    assert hot == {"actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget",
+                   "use_dynamic_bsz", "actor_micro_batch", "logprob_micro_batch", "ref_micro_batch",
+                   "critic_micro_batch", "fused_kernels", "fused_kernel_backend", "gradient_checkpointing"}
     assert KNOBS["critic_token_budget"].keys == ("critic.ppo_infer_max_token_len_per_gpu",
                                                  "critic.ppo_max_token_len_per_gpu")
 
@@ -115,21 +117,21 @@ def test_values_at_the_edges_are_accepted():
 
 # ------------------------------------------------------------------------------- verl's real levers (issue 12)
 LEVERS = {
-    "fused_kernels": ("actor_rollout_ref.model.use_fused_kernels", False),
-    "fused_kernel_backend": ("actor_rollout_ref.model.fused_kernel_options.impl_backend", "torch"),
-    "rollout_enforce_eager": ("actor_rollout_ref.rollout.enforce_eager", False),
-    "rollout_max_num_seqs": ("actor_rollout_ref.rollout.max_num_seqs", 256),
-    "agent_workers": ("actor_rollout_ref.rollout.agent.num_workers", 8),
-    "rollout_logprob_bypass": ("algorithm.rollout_correction.bypass_mode", False),
+    "fused_kernels": ("actor_rollout_ref.model.use_fused_kernels", False, "hot"),
+    "fused_kernel_backend": ("actor_rollout_ref.model.fused_kernel_options.impl_backend", "torch", "hot"),
+    "rollout_enforce_eager": ("actor_rollout_ref.rollout.enforce_eager", False, "restart"),
+    "rollout_max_num_seqs": ("actor_rollout_ref.rollout.max_num_seqs", 256, "restart"),
+    "agent_workers": ("actor_rollout_ref.rollout.agent.num_workers", 8, "restart"),
+    "rollout_logprob_bypass": ("algorithm.rollout_correction.bypass_mode", False, "restart"),
 }
 
 
 @pytest.mark.parametrize("name", list(LEVERS))
 def test_levers_set_verl_091_keys_with_verl_defaults(name):
-    key, default = LEVERS[name]
+    key, default, apply = LEVERS[name]
     assert KNOBS[name].keys[0] == key
     assert KNOBS[name].verl_default() == default
-    assert KNOBS[name].apply == "restart"
+    assert KNOBS[name].apply == apply
 
 
 def test_fused_kernels_reach_actor_and_ref_through_verl_interpolation():

@@ -346,6 +346,16 @@ def test_an_actor_budget_carries_verls_interpolated_budgets_along(default_plan):
     assert default_plan.apply_class(changed) == "hot"
 
 
+def test_a_knob_set_to_verls_own_default_is_no_change(default_plan):  # noqa: F811
+    # critic.ppo_infer_max_token_len_per_gpu is declared only by verl's CriticConfig dataclass (default 32768): a
+    # change that writes it at its default (the advisor's fused lever does) changes nothing there, and must not turn
+    # a hot change into a restart as a "base change".
+    assert default_plan.knob_values()["critic_token_budget"] == 32768
+    tuned = default_plan.with_changes({"fused_kernels": True, "critic_token_budget": 32768})
+    assert [entry["knob"] for entry in default_plan.diff(tuned)] == ["fused_kernels"]
+    assert default_plan.apply_class(tuned) == "hot"
+
+
 def test_restart_knobs_and_base_changes_need_a_restart(default_plan):  # noqa: F811
     assert default_plan.apply_class(default_plan.with_changes({"actor_token_budget": 8192, "rollout_tp": 1})) \
         == "restart"

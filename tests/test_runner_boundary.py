@@ -28,20 +28,19 @@ def _trainer(plan: Plan):
 
     trainer = object.__new__(workbench_trainer(VerlTrainer))
     trainer.config = OmegaConf.create(OmegaConf.to_container(plan.config, resolve=False))
-    trainer._wb_budgets = {knob: plan.knob_values()[knob] for knob in HOT_KNOB_KEYS}
     return trainer
 
 
 def test_a_hot_change_sets_every_verl_key_of_its_knob(runnable_plan):
     trainer = _trainer(runnable_plan)
-    before = trainer._wb_budgets["critic_token_budget"]
+    before = trainer._wb_live("critic_token_budget")
     done = trainer._wb_hot_apply({"critic_token_budget": 12345, "actor_token_budget": 6000}, "{}", 3)
     assert done.before == {"critic_token_budget": before,
                            "actor_token_budget": runnable_plan.knob_values()["actor_token_budget"]}
     assert OmegaConf.select(trainer.config, "critic.ppo_infer_max_token_len_per_gpu") == 12345
     assert OmegaConf.select(trainer.config, "critic.ppo_max_token_len_per_gpu") == 12345
     assert OmegaConf.select(trainer.config, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu") == 6000
-    assert trainer._wb_budgets["critic_token_budget"] == 12345
+    assert trainer._wb_live("critic_token_budget") == 12345
 
 
 def test_the_boundary_applies_a_signed_hot_change_as_a_new_segment(tmp_path, runnable_plan):

@@ -83,7 +83,9 @@ def test_setup_patches_verl_modules_when_they_are_imported_later():
         worker_hooks.setup()  # idempotent
         import verl.workers.engine.fsdp.transformer_impl as impl
         import verl.utils.model  # noqa: F401
+        import verl.models.transformers.monkey_patch as monkey_patch
         from transformers import AutoModelForTokenClassification
+        assert monkey_patch.patch_forward_with_backends._workbench_keeps_plain_forward
         assert impl.FSDPEngineWithValueHead._workbench_value_lora
         assert impl.FSDPEngineWithValueHead._build_lora_module is not impl.FSDPEngineWithLMHead._build_lora_module
         assert worker_hooks.flash_attn_available() or AutoModelForTokenClassification._workbench_sdpa

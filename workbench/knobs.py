@@ -5,8 +5,9 @@ Widgets, validation, export and advice all derive from `KNOBS`. A knob either se
 workbench-level knob (`keys` empty: GPU placement), whose verl keys `plan.py` derives by a rule and lists in
 `derived_keys`.
 
-Apply classes: "hot" knobs are applied by the runner between steps without a restart (token budgets are read per
-call in verl 0.9.1); "restart" knobs need a checkpoint, a relaunch and a resume.
+Apply classes: "hot" knobs are applied by the runner between steps without a restart (batching settings verl 0.9.1
+reads per call; fused kernels and gradient checkpointing switched in the live workers); "restart" knobs need a
+checkpoint, a relaunch and a resume.
 
 Each knob also says, for the code that reasons about it: which roles it configures (`roles`), which of verl's step
 phases it moves (`phases`, as in `timing_s/<phase>`), how the live runner applies it (`runner`, a RunnerPath) and
@@ -59,29 +60,48 @@ MAX_TEXT = 256  # characters of one string value
 class RunnerPath:
     """How the live runner applies a knob. kind:
     "restart": the supervisor checkpoints, relaunches verl with the new plan and resumes;
-    "call_budget": the trainer passes the knob's value as the token budget of each of `calls` (verl trainer
-    methods, e.g. "_update_actor"); verl 0.9.1 reads budgets per call from the batch's extra_info;
-    "worker": the runner calls the worker method `method` on every worker at the step boundary.
+    "call": the trainer puts the knob's live value into the batch's extra_info under `info` before each of `calls`
+    (verl trainer methods, e.g. "_update_actor"): verl 0.9.1's engine workers take `use_dynamic_bsz`,
+    `max_token_len_per_gpu` and `micro_batch_size_per_gpu` from the batch when it has them, from their engine config
+    when not (workers/engine_workers.py TrainingWorker.train_batch / infer_batch);
+    "worker": the trainer's method `method` says what to put in force in every worker process at the step boundary
+    (runner/levers.py: re-patch the model's forward, switch gradient checkpointing on the wrapped model).
     The runner lists the hot kinds it implements (runner/trainer.py HOT_PATH_KINDS); a test holds the table to it."""
 
     kind: str
     calls: tuple[str, ...] = ()
+    info: str = ""
     method: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in PATH_KINDS:
             raise ValueError(f"runner path {self.kind!r} is not one of {PATH_KINDS}")
-        if (self.kind == "call_budget") != bool(self.calls) or (self.kind == "worker") != bool(self.method):
-            raise ValueError(f"runner path {self.kind!r}: calls go with call_budget, a method with worker")
+        if (self.kind == "call") != bool(self.calls) or (self.kind == "call") != bool(self.info):
+            raise ValueError(f"runner path {self.kind!r}: calls and an extra_info key go with call, and only with it")
+        if (self.kind == "worker") != bool(self.method):
+            raise ValueError(f"runner path {self.kind!r}: a method goes with worker, and only with it")
 
 
-PATH_KINDS = ("restart", "call_budget", "worker")
+PATH_KINDS = ("restart", "call", "worker")
 RESTART = RunnerPath("restart")
+# The extra_info keys verl's engine workers read per call.
+TOKEN_BUDGET_INFO, MICRO_BATCH_INFO, DYNAMIC_BSZ_INFO = (
+    "max_token_len_per_gpu", "micro_batch_size_per_gpu", "use_dynamic_bsz")
 
 
 def call_budget(*calls: str) -> RunnerPath:
     """The runner path of a token budget verl reads per call: the trainer calls that take it."""
-    return RunnerPath("call_budget", calls=calls)
+    return RunnerPath("call", calls=calls, info=TOKEN_BUDGET_INFO)
+
+
+def call_micro_batch(*calls: str) -> RunnerPath:
+    """The runner path of a micro-batch size (sequences per GPU) verl reads per call."""
+    return RunnerPath("call", calls=calls, info=MICRO_BATCH_INFO)
+
+
+def worker_method(method: str) -> RunnerPath:
+    """The runner path of a setting the workers' models hold: the trainer's `method` says what to put in force."""
+    return RunnerPath("worker", method=method)
 
 
 @dataclass(frozen=True)
@@ -317,9 +337,13 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     # --- token budgets --------------------------------------------------------------------------------------------
     Knob("use_dynamic_bsz", ("actor_rollout_ref.actor.use_dynamic_bsz", f"{_ROLLOUT}.log_prob_use_dynamic_bsz",
                              "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"),
-         "bool", "restart", "token budgets",
+         "bool", "hot", "token budgets",
          "Pack micro batches by token budget instead of a fixed number of sequences.",
          roles=("actor", "ref", "critic"), phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"),
+         # verl 0.9.1's V1 critic engine packs by tokens whatever critic.use_dynamic_bsz says (its engine config keeps
+         # EngineConfig's default, True): only the actor's and ref's calls read this flag.
+         runner=RunnerPath("call", calls=("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor"),
+                           info=DYNAMIC_BSZ_INFO),
          model_group="batching"),
     Knob("actor_token_budget", ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",), "int", "hot",
          "token budgets", "Tokens per GPU per actor-update micro batch (with use_dynamic_bsz).", bounds=(1, MAX_TOKENS),
@@ -402,22 +426,25 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "Keep critic optimizer state on the CPU between updates.",
          roles=("critic",), phases=("update_critic",), model_group="offload"),
     Knob("gradient_checkpointing", ("actor_rollout_ref.model.enable_gradient_checkpointing",
-                                    "critic.model.enable_gradient_checkpointing"), "bool", "restart", "memory",
+                                    "critic.model.enable_gradient_checkpointing"), "bool", "hot", "memory",
          "Recompute activations in the backward pass (actor and critic): less memory, more compute.",
          roles=("actor", "critic"), phases=("update_actor", "update_critic"),
+         runner=worker_method("_wb_gradient_checkpointing"),
          model_group="gradient_checkpointing"),
     # --- kernels: verl 0.9.1 without flash-attn computes log-probs with a Python loop over tokens -------------------
     # (verl/utils/torch_functional.py logprobs_from_logits_v2); the fused path replaces it with chunked matmuls.
-    Knob("fused_kernels", ("actor_rollout_ref.model.use_fused_kernels",), "bool", "restart", "kernels",
+    Knob("fused_kernels", ("actor_rollout_ref.model.use_fused_kernels",), "bool", "hot", "kernels",
          "Fused lm-head + log-prob kernels for actor and ref (H200, no flash-attn: update_actor 38-41 s -> 3.9-4.6 s).",
-         roles=("actor", "ref"), phases=("old_log_prob", "ref", "update_actor"), model_group="fused_kernels"),
+         roles=("actor", "ref"), phases=("old_log_prob", "ref", "update_actor"),
+         runner=worker_method("_wb_fused_kernels"), model_group="fused_kernels"),
     # verl's triton backend (utils/kernel/linear_cross_entropy.py) returns flat (batch*seq,) log-probs; the padded
     # path (use_remove_padding=False, what runs without flash-attn) indexes output.log_probs.shape[1] and a
     # (batch, seq) mask (workers/engine/fsdp/transformer_impl.py) and fails. torch and liger keep (batch, seq).
-    Knob("fused_kernel_backend", ("actor_rollout_ref.model.fused_kernel_options.impl_backend",), "choice", "restart",
+    Knob("fused_kernel_backend", ("actor_rollout_ref.model.fused_kernel_options.impl_backend",), "choice", "hot",
          "kernels", "Fused-kernel backend: torch, or liger (needs liger-kernel, else runs torch); triton is left out: "
          "its flat output breaks verl's padded path.", choices=("torch", "liger"),
-         roles=("actor", "ref"), phases=("old_log_prob", "ref", "update_actor"), model_group="batching"),
+         roles=("actor", "ref"), phases=("old_log_prob", "ref", "update_actor"),
+         runner=worker_method("_wb_fused_kernels"), model_group="batching"),
     Knob("remove_padding", ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"),
          "bool", "restart", "kernels",
          "Pack sequences without padding (actor, ref, critic); needs flash-attn installed in the verl workers.",
@@ -430,24 +457,28 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob("ppo_mini_batch_size", ("actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"),
          "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, MAX_SEQUENCES),
          roles=("actor", "critic"), phases=("update_actor", "update_critic"), model_group="batching"),
-    Knob("actor_micro_batch", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "int", "restart",
+    Knob("actor_micro_batch", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "int", "hot",
          "batch", "Sequences per GPU per actor-update micro batch (without use_dynamic_bsz).",
          bounds=(1, MAX_SEQUENCES), nullable=True,
-         roles=("actor",), phases=("update_actor",), model_group="batching",
+         roles=("actor",), phases=("update_actor",), runner=call_micro_batch("_update_actor"),
+         model_group="batching",
          micro_batch_unit="sequences"),
-    Knob("logprob_micro_batch", (f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu",), "int", "restart", "batch",
+    Knob("logprob_micro_batch", (f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu",), "int", "hot", "batch",
          "Sequences per GPU per old-log-prob micro batch (without use_dynamic_bsz).",
          bounds=(1, MAX_SEQUENCES), nullable=True,
-         roles=("actor",), phases=("old_log_prob",), model_group="batching",
+         roles=("actor",), phases=("old_log_prob",), runner=call_micro_batch("_compute_old_log_prob"),
+         model_group="batching",
          micro_batch_unit="sequences"),
-    Knob("ref_micro_batch", ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",), "int", "restart",
+    Knob("ref_micro_batch", ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",), "int", "hot",
          "batch", "Sequences per GPU per reference log-prob micro batch (without use_dynamic_bsz).",
          bounds=(1, MAX_SEQUENCES), nullable=True,
-         roles=("ref",), phases=("ref",), model_group="batching", micro_batch_unit="sequences"),
-    Knob("critic_micro_batch", ("critic.ppo_micro_batch_size_per_gpu",), "int", "restart", "batch",
+         roles=("ref",), phases=("ref",), runner=call_micro_batch("_compute_ref_log_prob"), model_group="batching",
+         micro_batch_unit="sequences"),
+    Knob("critic_micro_batch", ("critic.ppo_micro_batch_size_per_gpu",), "int", "hot", "batch",
          "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, MAX_SEQUENCES),
          nullable=True,
-         roles=("critic",), phases=("values", "update_critic"), model_group="batching",
+         roles=("critic",), phases=("values", "update_critic"),
+         runner=call_micro_batch("_compute_values", "_update_critic"), model_group="batching",
          micro_batch_unit="sequences"),
     Knob("max_prompt_length", ("data.max_prompt_length",), "int", "restart", "batch",
          "Longest prompt in tokens.", bounds=(1, MAX_TOKENS),
@@ -485,10 +516,20 @@ def model_groups() -> dict[str, str]:
     return {name: knob.model_group for name, knob in KNOBS.items() if knob.model_group != UNMODELLED}
 
 
+def settings_of_call() -> dict[str, dict[str, str]]:
+    """verl trainer call -> {extra_info key: the knob whose live value the runner passes under it} (paths of kind
+    call)."""
+    out: dict[str, dict[str, str]] = {}
+    for name, knob in KNOBS.items():
+        if knob.runner.kind == "call":
+            for call in knob.runner.calls:
+                out.setdefault(call, {})[knob.runner.info] = name
+    return out
+
+
 def budget_of_call() -> dict[str, str]:
-    """verl trainer call -> the token-budget knob the runner passes to it (runner paths of kind call_budget)."""
-    return {call: name for name, knob in KNOBS.items() if knob.runner.kind == "call_budget"
-            for call in knob.runner.calls}
+    """verl trainer call -> the token-budget knob the runner passes to it."""
+    return {call: infos[TOKEN_BUDGET_INFO] for call, infos in settings_of_call().items() if TOKEN_BUDGET_INFO in infos}
 
 
 @functools.cache

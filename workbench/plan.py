@@ -520,9 +520,20 @@ class Plan:
                 entries.append({"knob": name, "keys": keys, "old": copy.deepcopy(mine[name]),
                                 "new": copy.deepcopy(theirs[name]), "apply": knob.apply})
         for key, old, new in verl_config.changed_keys(self.config, other.config):
-            if not any(key == done or key.startswith(done + ".") for done in explained):
-                entries.append({"knob": None, "keys": [key], "old": old, "new": new, "apply": "restart"})
+            if any(key == done or key.startswith(done + ".") for done in explained):
+                continue
+            if self._same_in_effect(other, key):
+                continue
+            entries.append({"knob": None, "keys": [key], "old": old, "new": new, "apply": "restart"})
         return entries
+
+    def _same_in_effect(self, other: Plan, key: str) -> bool:
+        """Whether a key written on one side only holds verl's own dataclass default on the other (e.g. a knob set to
+        its default writes critic.ppo_infer_max_token_len_per_gpu, which only CriticConfig declares)."""
+        try:
+            return verl_config.read_key(self.config, key) == verl_config.read_key(other.config, key)
+        except KeyError:
+            return False
 
     def apply_class(self, other: Plan) -> str:
         """"hot" if every change from this plan to `other` can be applied between steps, else "restart"."""

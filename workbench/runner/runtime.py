@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -101,3 +102,9 @@ def segment_env(session_dir: Path) -> dict[str, str]:
         env.update(VLLM_DISABLE_COMPILE_CACHE="0", VLLM_CACHE_ROOT=str(cache / "vllm"),
                    TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
     return env
+
+
+def milestone(words: str) -> None:
+    """A start-up milestone in the run's log, stamped as verl stamps its lines (workbench/startup.py reads it)."""
+    now = datetime.now()
+    print(f"[workbench] {now:%Y-%m-%d %H:%M:%S},{now.microsecond // 1000:03d} {words}", flush=True)

@@ -4,8 +4,11 @@
 colocate_async and separate_async all keep verl's behaviour; the subclass only
 - writes every step's metrics to the session store (after verl computed them, before the next step),
 - executes the supervisor's directives at the step boundary (boundary.py, shared with replay): pause/resume, hot
-  apply of token budgets, checkpoint-and-exit (for restart-class changes) and stop,
-- passes the live token budgets to each worker call (verl reads them per call from the batch's extra_info),
+  apply, checkpoint-and-exit (for restart-class changes) and stop,
+- passes the live batching settings to each worker call (dynamic batching, token budgets, micro-batch sizes: verl
+  reads them per call from the batch's extra_info),
+- switches fused kernels and gradient checkpointing in the live workers at the step boundary (levers.py), and checks
+  a switch that changes log-probs on this step's batch before the next step runs,
 - places the critic on its own GPUs when the plan asks for it (verl shares `global_pool` between all roles),
 - records which process plays which role.
 """
@@ -24,27 +27,25 @@ from omegaconf import open_dict
 from verl.single_controller.ray import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
+from .. import checkpoints
 from .. import control as c
 from ..boundary import HotChange, StepBoundary
-from ..knobs import KNOBS, budget_of_call
+from ..knobs import DYNAMIC_BSZ_INFO, KNOBS, TOKEN_BUDGET_KNOBS, budget_of_call, settings_of_call
 from ..store import Store
+from . import levers
 from .replay_buffer import shorten_poll
-from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
+from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV, milestone
 
 # The knobs the runner changes between steps, and the verl keys each sets (all of them): the hot knobs of the table.
 HOT_KNOB_KEYS = {name: knob.keys for name, knob in KNOBS.items() if knob.apply == "hot"}
 # The runner paths (knobs.RunnerPath kinds) this trainer applies between steps; a hot knob on any other path would
 # pass the supervisor's check and never reach verl (tests/test_knobs.py holds the table to this).
-HOT_PATH_KINDS = ("call_budget",)
-# verl trainer call -> the token-budget knob passed to it, from the knob table's call_budget paths.
+HOT_PATH_KINDS = ("call", "worker")
+# verl trainer call -> {extra_info key: knob} the runner passes to it, from the knob table's call paths.
+SETTINGS_OF_CALL = settings_of_call()
 BUDGET_OF_CALL = budget_of_call()
-
-
-def _select(config, path: str):
-    node = config
-    for part in path.split("."):
-        node = node.get(part) if node is not None else None
-    return node
+# Sequences per data-parallel rank whose log-probs are recomputed before and after a hot switch that changes them.
+PROBE_SEQUENCES_PER_RANK = 4
 
 
 def _set(config, path: str, value) -> None:
@@ -81,6 +82,10 @@ class WorkbenchTrainerMixin:
         self.mapping[Role.Critic] = "critic_pool"
         self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping)
 
+    def _init_dataloader(self):
+        super()._init_dataloader()
+        milestone("dataloader built")
+
     # ----------------------------------------------------------------- replay buffer: poll every 0.05 s, not 2 s
     def _build_replay_buffer(self):
         return shorten_poll(super()._build_replay_buffer(), self.trainer_mode)
@@ -90,7 +95,6 @@ class WorkbenchTrainerMixin:
         super().on_init_end()
         self._wb_store = Store(os.environ[SESSION_ENV])
         self._wb_step_offset = int(os.environ.get(STEP_OFFSET_ENV, "0") or 0)
-        self._wb_budgets = {knob: _select(self.config, keys[0]) for knob, keys in HOT_KNOB_KEYS.items()}
         self._wb_boundary = StepBoundary(
             self._wb_store, int(os.environ[SEGMENT_ENV]), hot_apply=self._wb_hot_apply,
             checkpoint=self._wb_checkpoint, end_run=self._wb_end_run,
@@ -101,7 +105,7 @@ class WorkbenchTrainerMixin:
             c.EV_STARTED,
             f"verl is ready at step {self._wb_step_offset + self.global_steps + 1} ({self.trainer_mode})",
             {"segment": self._wb_boundary.segment_id, "first_step": self._wb_step_offset + self.global_steps + 1,
-             "budgets": self._wb_budgets},
+             "budgets": self._wb_budgets()},
         )
         self._wb_store.set_meta(state=c.RUNNING)
 
@@ -132,56 +136,184 @@ class WorkbenchTrainerMixin:
             self._wb_store.add_worker(pid, "+".join(sorted(roles)), node, self._wb_boundary.segment_id)
         self._wb_store.add_worker(os.getpid(), "driver", node, self._wb_boundary.segment_id)
 
-    # ----------------------------------------------------------------- live token budgets
-    # Each verl call in BUDGET_OF_CALL is overridden below the class (_with_live_budget) to call this first.
-    def _wb_with_budget(self, batch, knob: str) -> None:
-        budget = getattr(self, "_wb_budgets", {}).get(knob)
-        if budget is not None and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
-            batch.extra_info["use_dynamic_bsz"] = True
-            batch.extra_info["max_token_len_per_gpu"] = int(budget)
+    # ----------------------------------------------------------------- live settings
+    def _wb_live(self, knob: str) -> Any:
+        """The knob's value in force (the trainer's config holds what the hot applies set), with verl's dataclass
+        default where the config has no such key (critic.ppo_infer_max_token_len_per_gpu: only CriticConfig declares
+        it, and verl's trainer reads it through that dataclass)."""
+        return KNOBS[knob].read(self.config)
+
+    def _wb_budgets(self) -> dict[str, Any]:
+        return {knob: self._wb_live(knob) for knob in TOKEN_BUDGET_KNOBS}
+
+    # Each verl call in SETTINGS_OF_CALL is overridden below the class (_with_live_settings) to call this first.
+    def _wb_call_settings(self, batch, call: str) -> None:
+        """Every batching setting verl reads for this call, from the settings in force: a fresh start's engine defaults
+        with the hot changes on top. All of them each time, because a batch's extra_info carries what an earlier call of
+        the step set. A call whose engine has no dynamic-batching flag of the plan's (verl 0.9.1's V1 critic keeps
+        EngineConfig's default, True) is told True, so an actor call's False can't reach it."""
+        info = {key: self._wb_live(knob) for key, knob in SETTINGS_OF_CALL[call].items()}
+        info.setdefault(DYNAMIC_BSZ_INFO, True)
+        batch.extra_info.update({key: value for key, value in info.items() if value is not None})
 
     # ----------------------------------------------------------------- step boundary
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
         row = {k: _scalar(v) for k, v in metrics.items()}
-        row.update({f"{c.BUDGET_METRIC_PREFIX}{k}": v for k, v in self._wb_budgets.items()})
+        row.update({f"{c.BUDGET_METRIC_PREFIX}{k}": v for k, v in self._wb_budgets().items()})
         step = self._wb_step_offset + global_steps
         self._wb_store.add_step(self._wb_boundary.segment_id, step, row)
-        self._wb_boundary(step)
+        self._wb_step_batch = batch  # a hot switch's log-prob check recomputes part of it (verl clears it after this)
+        try:
+            self._wb_boundary(step)
+        finally:
+            self._wb_step_batch = None
 
     def _wb_hot_apply(self, changes: dict[str, Any], plan_json: str, step: int) -> HotChange:
+        """Put hot changes in force for the next step: the batching settings by the trainer's config (read per call),
+        fused kernels and gradient checkpointing in every worker process too. Checked in every worker first (a refusal
+        changes nothing); a change that moves log-probs is checked on this step's batch, and switched back if the
+        log-prob pass fails under it."""
         unknown = sorted(name for name in changes
                          if name not in HOT_KNOB_KEYS or KNOBS[name].runner.kind not in HOT_PATH_KINDS)
         if unknown:
             raise ValueError(f"not hot-applicable in the runner: {unknown}")
-        before = {knob: self._wb_budgets[knob] for knob in changes}
-        for knob, value in changes.items():
+        before = {knob: self._wb_live(knob) for knob in changes}
+        methods = tuple(dict.fromkeys(KNOBS[k].runner.method for k in changes if KNOBS[k].runner.kind == "worker"))
+        wanted = self._wb_wanted(methods, lambda knob: changes.get(knob, self._wb_live(knob)))
+        undo = self._wb_wanted(methods, self._wb_live)
+        if wanted:
+            self._wb_put_in_force(wanted, check_only=True)
+        probe, check = self._wb_logprob_probe(changes)
+        old = _attempt(probe) if probe else None
+        if isinstance(old, Exception):
+            probe, check = None, {"skipped": f"log-probs could not be computed before the switch: {old!r}"}
+        try:
+            self._wb_set_config(changes)
+            reports = self._wb_put_in_force(wanted) if wanted else []
+            if probe:
+                new = _attempt(probe)
+                if isinstance(new, Exception):
+                    raise ValueError(f"the log-prob pass failed under the new setting, switched back: {new!r}")
+                check = logprob_difference(old, new)
+        except Exception:
+            self._wb_set_config(before)
+            if undo:
+                self._wb_put_in_force(undo)
+            raise
+        note = (f" (log-probs of {check['tokens']} tokens before/after: max |Δ| {check['max_abs_diff']:.3g})"
+                if "tokens" in check else "")
+        return HotChange(before, note=note, data={"workers": reports, "logprob_check": check})
+
+    def _wb_set_config(self, values: dict[str, Any]) -> None:
+        for knob, value in values.items():
             for key in HOT_KNOB_KEYS[knob]:
-                _set(self.config, key, int(value))
-            self._wb_budgets[knob] = int(value)
-        return HotChange(before)
+                _set(self.config, key, value)
+
+    # ----------------------------------------------------------------- levers in the workers (runner path "worker")
+    def _wb_wanted(self, methods: tuple[str, ...], value_of) -> dict[str, dict[str, Any]]:
+        """What the worker methods of the knob table want in force, given each knob's value (`value_of(knob)`)."""
+        wanted: dict[str, dict[str, Any]] = {}
+        for method in methods:
+            wanted.update(getattr(self, method)(value_of))
+        return wanted
+
+    def _wb_fused_kernels(self, value_of) -> dict[str, dict[str, Any]]:
+        backend = value_of("fused_kernel_backend") if value_of("fused_kernels") else None
+        return {"fused_kernels": {"roles": list(KNOBS["fused_kernels"].roles), "backend": backend}}
+
+    def _wb_gradient_checkpointing(self, value_of) -> dict[str, dict[str, Any]]:
+        return {"gradient_checkpointing": {"roles": list(KNOBS["gradient_checkpointing"].roles),
+                                           "on": bool(value_of("gradient_checkpointing"))}}
+
+    def _wb_put_in_force(self, wanted: dict[str, dict[str, Any]], check_only: bool = False) -> list[dict[str, Any]]:
+        """levers.put_in_force in every worker process of the run (one call per process: colocated roles share one);
+        raises with every worker's problems, after checking all of them, if any has one."""
+        groups = [self.actor_rollout_wg, getattr(self, "critic_wg", None), getattr(self, "ref_policy_wg", None)]
+        handles = list(dict.fromkeys(h for wg in groups if wg is not None for h in wg.workers))
+        reports = ray.get([h.__ray_call__.remote(levers.put_in_force, wanted, check_only) for h in handles])
+        problems = sorted({p for report in reports for p in report["problems"]})
+        if problems:
+            raise ValueError("; ".join(problems))
+        return reports
+
+    # ----------------------------------------------------------------- log-prob check of a hot switch
+    def _wb_logprob_probe(self, changes: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """(the probe, {}) for a change that moves log-probs (it touches the old_log_prob phase); (None, why not) when
+        it can't be checked here, ({}) when there's nothing to check."""
+        if not any("old_log_prob" in KNOBS[k].phases for k in changes):
+            return None, {}
+        if self.trainer_mode != "sync":  # the rollout engine generates during the boundary and holds its memory
+            return None, {"skipped": f"generation runs during the step boundary in {self.trainer_mode}"}
+        if getattr(self, "_wb_step_batch", None) is None:
+            return None, {"skipped": "no batch of this step at hand"}
+        return self._wb_probe_log_probs, {}
+
+    def _wb_probe_log_probs(self):
+        """Response-token log-probs of the first sequences of this step's batch, on the actor's current weights, with
+        the old_log_prob call's settings in force. In sync mode the rollout engine holds its KV cache at the boundary
+        (verl wakes it in on_step_end), so the probe stays small."""
+        import transfer_queue as tq
+        from transfer_queue import KVBatchMeta
+        from verl.workers.utils.padding import response_from_nested
+
+        batch, wg = self._wb_step_batch, self.actor_rollout_wg
+        if "actor" not in wg._dispatch_info:  # as verl's _balance_batch finds the actor's data-parallel size
+            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
+        dp_size = max(wg._dispatch_info["actor"]) + 1
+        n = min(len(batch.keys) // dp_size, PROBE_SEQUENCES_PER_RANK) * dp_size
+        if n == 0:
+            raise ValueError(f"this step's batch has {len(batch.keys)} sequences for {dp_size} ranks")
+        probe = KVBatchMeta(partition_id=batch.partition_id, keys=list(batch.keys[:n]), tags=list(batch.tags[:n]))
+        probe.extra_info.update({"calculate_entropy": False, "compute_loss": False,
+                                 "temperature": self.config.actor_rollout_ref.rollout.temperature})
+        self._wb_call_settings(probe, "_compute_old_log_prob")
+        wg.compute_log_prob(probe)
+        data = tq.kv_batch_get(keys=probe.keys, partition_id=probe.partition_id,
+                               select_fields=["log_probs", "response_mask"])
+        mask = data["response_mask"]
+        return response_from_nested(data["log_probs"], mask).values()[mask.values().bool()].float().cpu()
 
     def _wb_checkpoint(self, step: int) -> str:
+        made_room = checkpoints.words(checkpoints.make_room(os.environ[SESSION_ENV]))
         t0 = time.time()
         self._save_checkpoint()
-        return f" ({time.time() - t0:.1f} s)"
+        seconds = time.time() - t0
+        return f" ({seconds:.1f} s" + (f"; {made_room} first: the disk had no room for two" if made_room else "") + ")"
 
     def _wb_end_run(self) -> None:
         self.total_training_steps = self.global_steps  # verl's loop ends after this step
 
 
-def _with_live_budget(call: str, knob: str):
-    """The override of verl's trainer call `call` that hands it `knob`'s live token budget first."""
-    def call_with_budget(self, batch, metrics):
-        self._wb_with_budget(batch, knob)
+def _attempt(fn):
+    """fn()'s result, or the exception it raised."""
+    try:
+        return fn()
+    except Exception as error:  # a failed log-prob pass is a finding of the check, not an error of the boundary
+        return error
+
+
+def logprob_difference(old, new) -> dict[str, Any]:
+    """How far two log-prob passes over the same response tokens lie apart."""
+    if old.shape != new.shape:
+        return {"skipped": f"the passes saw different tokens ({tuple(old.shape)} vs {tuple(new.shape)})"}
+    diff = (old - new).abs()
+    return {"tokens": int(diff.numel()), "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
+            "mean_abs_diff": float(diff.mean()) if diff.numel() else 0.0}
+
+
+def _with_live_settings(call: str):
+    """The override of verl's trainer call `call` that hands it the live batching settings first."""
+    def call_with_settings(self, batch, metrics):
+        self._wb_call_settings(batch, call)
         return getattr(super(WorkbenchTrainerMixin, self), call)(batch, metrics)
 
-    call_with_budget.__name__ = call_with_budget.__qualname__ = call
-    return call_with_budget
+    call_with_settings.__name__ = call_with_settings.__qualname__ = call
+    return call_with_settings
 
 
-for _call, _knob in BUDGET_OF_CALL.items():
-    setattr(WorkbenchTrainerMixin, _call, _with_live_budget(_call, _knob))
+for _call in SETTINGS_OF_CALL:
+    setattr(WorkbenchTrainerMixin, _call, _with_live_settings(_call))
 
 _TRAINERS: dict[type, type] = {}
 

@@ -11,7 +11,10 @@ FSDP worker processes, not in the driver:
    -> the value-model engine builds LoRA as `TaskType.TOKEN_CLS` and keeps the value head (`score`) fully trainable
       (`modules_to_save`), which is what a LoRA critic needs: a fresh head can't be learnt through a low-rank adapter.
 
-Both patches are applied lazily, when verl's own module is imported, so the hook costs nothing in processes that
+It also keeps, for the hot levers (levers.py), the plain forward of each model class before verl patches in its fused
+one: afterwards nothing else knows it.
+
+The patches are applied lazily, when verl's own module is imported, so the hook costs nothing in processes that
 never build a model (reward workers, agent loops).
 """
 
@@ -103,10 +106,27 @@ def patch_value_lora(transformer_impl_module: Any) -> None:
     engine_cls._workbench_value_lora = True
 
 
+def keep_plain_forward(monkey_patch_module: Any) -> None:
+    """Have verl's `patch_forward_with_backends` (which every model build calls) remember the plain forward first."""
+    from . import levers
+
+    inherited = monkey_patch_module.patch_forward_with_backends
+    if getattr(inherited, "_workbench_keeps_plain_forward", False):
+        return
+
+    def patch_forward_with_backends(model, *args, **kwargs):
+        levers.remember_plain_forward(model)
+        return inherited(model, *args, **kwargs)
+
+    patch_forward_with_backends._workbench_keeps_plain_forward = True
+    monkey_patch_module.patch_forward_with_backends = patch_forward_with_backends
+
+
 _PATCHES_BY_MODULE.update(
     {
         "verl.utils.model": patch_critic_attention,
         "verl.workers.engine.fsdp.transformer_impl": patch_value_lora,
+        "verl.models.transformers.monkey_patch": keep_plain_forward,
     }
 )
 

@@ -1,0 +1,54 @@
+"""The new hot levers through the step boundary on a replay of the real H200 recording h200-tuning.
+
+The recording's operator applied the advisor's fused-kernel lever (fused kernels + dynamic batching + budgets) as a
+restart on 2026-12-01; those knobs are hot now, so the same change is applied at the next step boundary of the same
+run: the replay goes on in the recorded segment of that plan (as a live run goes on with it in force), without a
+launch. A replay plays only plans it holds (the same rule as for hot budget changes): a hot change it has no recorded
+segment for is refused, naming that.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.replay import NO_RECORDED_SEGMENT, Recording
+from workbench.session import Session, resolve_recording
+
+pytestmark = pytest.mark.slow
+
+SPEED = 20  # recorded seconds per second: ~60 s quickstart steps in ~3 s, the recorded start-up in ~12 s
+TIMEOUT = 120.0
+# What the recorded operator applied after step 3 (segment 1 -> 2 of the recording).
+FUSED_LEVER = {"fused_kernels": True, "use_dynamic_bsz": True, "actor_token_budget": 16384,
+               "logprob_token_budget": 32768, "ref_token_budget": 32768, "critic_token_budget": 32768}
+
+
+def test_the_fused_lever_is_applied_hot_on_a_replay(tmp_path):
+    session = Session.replay("h200-tuning", speed=SPEED, follow=False, root=tmp_path)
+    try:
+        session.wait_for_step(2, timeout=TIMEOUT)
+        assert session.preview(FUSED_LEVER).mode == "hot"
+        assert session.preview({"gradient_checkpointing": False}).mode == "hot"
+        before = session.steps()
+        handle = session.apply(FUSED_LEVER).wait(timeout=TIMEOUT)
+        assert (handle.mode, handle.state) == ("hot", "applied"), handle
+        session.wait_for_step(handle.step + 1, timeout=TIMEOUT)
+
+        events = session.events()
+        applied = events[events["kind"] == "applied"].iloc[-1]
+        assert applied["data"]["mode"] == "hot" and applied["data"]["recorded_segment"] == 2
+        assert (events["kind"] == "launched").sum() == 1  # one run: no checkpoint, no relaunch
+        steps = session.steps()
+        after = steps[steps["step"] >= handle.step]
+        # From the applied step on the replay plays the recorded fused plan's steps, in order (the recorded one after
+        # its restart first, 40 s with its warm-up, then ~20 s); before it, quickstart's (~60-70 s).
+        recorded = Recording(resolve_recording("h200-tuning")).segments[1].steps
+        assert list(after["timing_s/step"]) == [row["metrics"]["timing_s/step"] for row in recorded[:len(after)]]
+        assert after["timing_s/step"].iloc[-1] < 0.5 * before["timing_s/step"].iloc[1:].min()
+        assert after["segment_id"].min() > before["segment_id"].max()
+
+        refused = session.apply({"gradient_checkpointing": False}).wait(timeout=TIMEOUT)
+        assert refused.state in ("refused", "not_applied") and NO_RECORDED_SEGMENT.split(":")[0] in str(
+            (refused.message, refused.problems))
+    finally:
+        session.stop(now=True)
