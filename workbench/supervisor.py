@@ -32,6 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from . import checkpoints
 from . import control as c
 from . import verl_config
 from .plan import PLAN_PROBLEM, Plan, PlanError
@@ -168,14 +169,19 @@ class Supervisor:
     def launch(self, plan: Plan, reason: str, env: dict[str, str] | None = None) -> None:
         last = self.store.last_segment()
         resumed_from = c.latest_checkpoint_step(self.dir)
+        # The run resumes from the newest complete checkpoint, and so would a rollback after it: the rest can go.
+        pruned = checkpoints.words(checkpoints.prune(self.dir))
         self.segment_id = self.store.begin_segment(plan.to_json(), reason=reason, resumed_from_step=resumed_from)
         # State and event first: once created, the run writes its own ("running", "started"), which must come after.
         self.set_state(c.STARTING)
         text = f"segment {self.segment_id} launched ({reason})"
         if resumed_from is not None and last is not None:
             text += f", resuming from the checkpoint at step {resumed_from}"
-        self.store.add_event(c.EV_LAUNCHED, text, {"segment": self.segment_id, "resume_step": resumed_from})
+        self.store.add_event(c.EV_LAUNCHED, text + (f"; {pruned} (only the one resumed from is kept)" if pruned else ""),
+                             {"segment": self.segment_id, "resume_step": resumed_from})
         self.run = self.run_factory(self.segment_id, plan, env or {})
+        if self.ray.failure:
+            self.store.add_event(c.EV_RUNTIME, f"no session Ray cluster, verl starts Ray itself: {self.ray.failure}")
         self._ensure_sampler(plan)
         if isinstance(self.run, LiveRun):
             # run_pid is also the run's process session id: what a watchdog kills when this supervisor is gone.
