@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -109,13 +111,69 @@ def test_session_ray_cluster_applies_to_single_node_plans_only(monkeypatch):
     two_nodes = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=2)), workbench={"gpus": [0]})
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv(ray_cluster.ENABLE_ENV, raising=False)
-    assert not ray_cluster.enabled(one_node)  # off unless asked for
+    assert ray_cluster.enabled(one_node) and not ray_cluster.enabled(two_nodes)  # on unless switched off
+    monkeypatch.setenv(ray_cluster.ENABLE_ENV, "0")
+    assert not ray_cluster.enabled(one_node)
     assert ray_cluster.SessionRayCluster("/tmp/x").env_for(one_node) == {}
     assert ray_cluster.SessionRayCluster("/tmp/x").end_run_processes() == []  # no cluster: nothing to do
     monkeypatch.setenv(ray_cluster.ENABLE_ENV, "1")
-    assert ray_cluster.enabled(one_node) and not ray_cluster.enabled(two_nodes)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # the user's own cluster: theirs to manage
     assert not ray_cluster.enabled(one_node)
+
+
+def test_a_session_cluster_that_cannot_start_leaves_ray_to_the_run(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench import ray_cluster
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    plan = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
+    cluster = ray_cluster.SessionRayCluster(tmp_path)
+
+    def refuse(gpus, attempts=2):
+        raise RuntimeError("ray start --head failed 2 times (exit 1): see ray-cluster.log")
+
+    monkeypatch.setattr(cluster, "start", refuse)
+    assert cluster.env_for(plan) == {} and "ray start --head failed" in cluster.failure
+
+
+@pytest.mark.slow
+def test_the_watchdog_ends_the_cluster_when_the_supervisor_is_killed(tmp_path):
+    """SIGKILL to the supervisor: Ray's daemons (stood in for by processes naming the cluster's temp dir, one with a
+    child) are ended by the watchdog; a watchdog whose cluster was stopped just leaves."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    temp_dir = tmp_path / "wb-ray-test"
+    temp_dir.mkdir()
+    sleeper = "import subprocess, sys, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
+    daemons = [subprocess.Popen([sys.executable, "-c", sleeper, f"--temp-dir={temp_dir}"], start_new_session=True)
+               for _ in range(2)]
+    supervisor = subprocess.Popen(["sleep", "600"])
+    watchdog = subprocess.Popen([sys.executable, "-m", "workbench.ray_cluster", "--watch", str(supervisor.pid),
+                                 "--temp-dir", str(temp_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        children = [c for d in daemons for c in psutil.Process(d.pid).children(recursive=True)]
+        assert children and watchdog.poll() is None
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait()
+        assert "cluster ended" in watchdog.communicate(timeout=60)[0]
+        for daemon in daemons:
+            assert daemon.wait(timeout=30) is not None
+        assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in children)
+        assert not temp_dir.exists()
+    finally:
+        for p in (*daemons, supervisor, watchdog):
+            if p.poll() is None:
+                p.kill()
+    alone = subprocess.run([sys.executable, "-m", "workbench.ray_cluster", "--watch", str(os.getpid()),
+                            "--temp-dir", str(tmp_path / "no-cluster")], capture_output=True, text=True, timeout=60)
+    assert "the cluster was stopped" in alone.stdout
 
 
 @pytest.mark.slow
@@ -208,3 +266,28 @@ def test_vllm_compile_and_cuda_graph_lines_mark_their_phases():
         phases = parse_startup("\n".join(base).replace("{compile}", line), tz=UTC).set_index("phase")["seconds"]
         assert phases["vLLM torch.compile (or loading it from the compile cache)"] == pytest.approx(seconds)
         assert phases["vLLM CUDA graph capture"] == pytest.approx(10.0)
+
+
+def test_the_workbench_stamps_split_taskrunner_transfer_queue_and_dataloader(capsys):
+    """What verl logs as one 44-48 s stretch (Ray up -> worker group) comes apart at the runner's own stamps."""
+    from workbench.runner.runtime import milestone
+    from workbench.startup import line_time
+
+    milestone("TaskRunner up")
+    stamped = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"\[workbench\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} TaskRunner up", stamped)
+    assert abs(line_time(stamped, None, None) - time.time()) < 5
+    runner = "(_WorkbenchTaskRunner pid=4) "
+    text = "\n".join([
+        "2026-12-01 10:00:00,000\tWARNING authentication_token_setup.py:85 -- Token authentication is enabled",
+        "2026-12-01 10:00:03,000\tINFO worker.py:2038 -- Started a local Ray instance.",
+        runner + "[workbench] 2026-12-01 10:00:15,000 TaskRunner up",
+        runner + "[workbench] 2026-12-01 10:00:30,500 TransferQueue ready",
+        runner + "[workbench] 2026-12-01 10:00:40,500 dataloader built",
+        runner + "INFO:2026-12-01 10:00:45,000:create worker group dict_keys(['actor_rollout', 'critic'])",
+    ])
+    phases = parse_startup(text, tz=timezone.utc).set_index("phase")["seconds"].to_dict()
+    assert phases == {"Ray start": 3.0, "TaskRunner process: start, imports": 12.0,
+                      "TransferQueue: controller, storage units": 15.5,
+                      "trainer: tokenizer, datasets, dataloader": 10.0,
+                      "worker group (Ray actors for the roles)": 4.5}

@@ -40,7 +40,11 @@ class Milestone:
 MILESTONES = (
     Milestone("ray_begin", r"authentication_token_setup\.py|Connecting to existing Ray cluster|ray\.init", "python imports, config validation"),
     Milestone("ray_ready", r"Started a local Ray instance|Connected to Ray cluster", "Ray start"),
-    Milestone("dataloader", r"train and validate dataloader initialized", "TaskRunner, TransferQueue, dataloader"),
+    # The workbench's own stamps (runner/runtime.py milestone) split what verl logs as one stretch.
+    Milestone("taskrunner", r"\[workbench\] .* TaskRunner up", "TaskRunner process: start, imports"),
+    Milestone("transfer_queue", r"\[workbench\] .* TransferQueue ready", "TransferQueue: controller, storage units"),
+    Milestone("dataloader", r"train and validate dataloader initialized|\[workbench\] .* dataloader built",
+              "TaskRunner, TransferQueue, dataloader"),
     Milestone("worker_group", r"create worker group", "worker group (Ray actors for the roles)"),
     Milestone("critic", r"critic model engine initialized", "critic worker: model + FSDP"),
     Milestone("actor", r"actor and ref model engine initialized", "actor/ref worker: model + FSDP"),
@@ -60,6 +64,9 @@ MILESTONES = (
     Milestone("first_request", r"Passing raw prompts to InputProcessor|Added \d+ warmup prompts", "first step: agent-loop workers, first batch"),
 )
 VLLM_UNSPLIT = "vLLM engine: spawn, load, compile, KV cache, CUDA graphs, API server (vLLM at WARN: not split)"
+# The dataloader's phase where the workbench's stamps split off what came before it.
+DATALOADER_AFTER = {"transfer_queue": "trainer: tokenizer, datasets, dataloader",
+                    "taskrunner": "TransferQueue, tokenizer, datasets, dataloader"}
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 STEP_TIME = re.compile(r"timing_s/step:([0-9.]+)")
 GRAPH_BAR = re.compile(r"Capturing CUDA graphs \(([^)]*)\):\s*100%.*?\[(\d+):(\d+)<")
@@ -162,6 +169,8 @@ def parse_startup(
             phase = phase_of[key]
             if key == "vllm_ready" and prev_key == "vllm_spawn":
                 phase = VLLM_UNSPLIT
+            if key == "dataloader":
+                phase = DATALOADER_AFTER.get(prev_key, phase)
             rows.append(_row(phase, prev_t, t, "log", ev))
         prev_t, prev_key = t, key
     if step_idx is not None and prev_t is not None:
