@@ -141,3 +141,15 @@ def test_cli_generate_reports_the_reused_set(tiny, capsys):
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "already there, reused" in printed and info["train_path"] in printed
+
+
+def test_the_1_5b_shape_has_qwen2_5_1_5b_parameter_count():
+    """Counted on the meta device (no weights): Qwen2.5-1.5B has 1.54B parameters with its tied embedding."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from workbench.assets.generate import SHAPES
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**SHAPES["qwen2.5-1.5b"], tie_word_embeddings=True))
+    assert 1.50e9 < sum(p.numel() for p in model.parameters()) < 1.56e9

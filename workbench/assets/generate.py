@@ -35,6 +35,11 @@ SHAPES: dict[str, dict[str, int]] = {
         hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
     ),
+    # Qwen2.5-1.5B's dimensions (1.54B parameters with the tied embedding).
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+    ),
     "tiny": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2,
