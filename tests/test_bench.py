@@ -50,20 +50,25 @@ def test_result_format_and_table(tmp_path):
 
 
 def test_gpu_campaign_driver_dry_run_on_a_replay(tmp_path, home):
+    """The driver on replays of the real recordings: h200-tuning for workload 1.5b (its fused lever, hot now), whose
+    control restart a replay can't play (no recorded segment: the part fails, the next one runs), and h200-proof
+    for 0.5b (its recorded restart-class change stands in for a restart round)."""
     from bench.gpu.campaign import Campaign
 
     out = tmp_path / "campaign"
-    Campaign(out, replay=True, budget_s=300, steps_before=2, steps_after=2, plain_steps=3, assets=tmp_path,
-             machine="ci-replay").run()
+    Campaign(out, replay=True, budget_s=600, steps_before=2, plain_steps=3, assets=tmp_path, machine="ci-replay").run()
     progress = (out / "progress.log").read_text()
     assert progress.rstrip().endswith("DONE")
-    for measure in ("tuning_speedup", "restart_vs_cold"):
-        res = json.loads((out / "results" / f"{measure}.json").read_text())
-        assert res["notes"].startswith("DRY RUN ON A REPLAY")
-        assert res["repetitions"]
-    speed = json.loads((out / "results" / "tuning_speedup.json").read_text())
-    assert speed["details"]["before"]["steps"] and speed["details"]["after"]["steps"]
-    assert (out / "recording.tar.gz").exists() and (out / "per_step.csv").exists()
+    assert "== b the same plan restarted (control): restart vs cold, hot vs fresh: FAILED" in progress
+    hot = json.loads((out / "results" / "hot_lever_1.5b.json").read_text())
+    assert hot["notes"].startswith("DRY RUN ON A REPLAY") and hot["repetitions"]
+    assert hot["details"]["changes"]["fused_kernels"] is True and hot["details"]["in_force_from_step"] == 4
+    assert hot["details"]["applied_text"].startswith("replay: hot:")
+    restart = json.loads((out / "results" / "restart_vs_cold_0.5b.json").read_text())
+    assert restart["value"] > 0 and restart["details"]["changes"]["trainer_mode"] == "colocate_async"
+    sampler = json.loads((out / "results" / "sampler_ab_1.5b.json").read_text())
+    assert [r["sampler"] for r in sampler["repetitions"]] == [False, True]  # a replay has few steps left
+    assert (out / "recording.tar.gz").exists() and (out / "per_step_1.5b.csv").exists()
 
 
 def test_plain_overrides_replace_keys_instead_of_repeating_them():

@@ -1,19 +1,24 @@
-"""The GPU campaign: one detached process that measures, in order of value, on one GPU (see bench/gpu/README.md):
+"""The GPU campaign of issue 17: one detached process for one lease, parts in priority order under a time budget
+(a later part shrinks or is skipped when the budget runs short; a failed part is logged and the next one runs).
+Each part writes its result (bench/common.py format, machine named) as soon as it has its figures.
 
- a. tuning (issue 12): a session on verl's quickstart settings (256 prompts × 512+512 tokens), 2 steps; then ONLY
-    the advisor's proposals are applied (restart-class); ≥ 4 steps after. tokens/s/GPU, NVML util, GPM SM active and
-    actor MFU per step before/after                                                   -> tuning_speedup.json
- b. a hot change in that session: apply() return time, step it took effect            -> hot_apply_latency.json
- c. the restart of (a): Apply -> first resumed step, against the session's cold start -> restart_vs_cold.json
- e. the NVML sampler of that session: CPU share of one core, store write rate        -> sampler_cost.json
- d. the tuned plan exported and run as plain `python3 -m verl.trainer.main_ppo` for N steps: step-time ratio
-                                                                                       -> overhead.json
-Each part writes its JSON (bench/common.py format) as soon as it has its figures, and a failed part is logged and
-the next one still runs. Progress goes to OUT/progress.log (one line per event; "DONE" at the end). The session
-directory (without checkpoints) is the recording. A time budget (CAMPAIGN_BUDGET_S) makes later parts shrink or skip.
+ a. workload "1.5b" (Qwen2.5-1.5B dims, 128 prompts x 512+1024 tokens, verl's quickstart-style start: micro batches
+    4/8/4/4, no dynamic batching, rollout memory 0.4): the advisor's autopilot, its first round only. Its fused-kernel
+    lever is hot now: in force from the next step, with the runner's log-prob check in the `applied` event
+                                                                                   -> hot_lever_1.5b.json
+ b. the same plan restarted by a change no one-GPU step reads (an NCCL variable): Apply -> first resumed step, over
+    the session's cold start, each start-up phase of both launches                 -> restart_vs_cold_1.5b.json
+    Its steps are the plan "started fresh" that (a)'s hot steps are held to (within 10 %): hot_lever_1.5b.json again.
+ b2. the sampler off / on, alternating step by step in that segment                  -> sampler_ab_1.5b.json
+ c. workload "0.5b" (0.5B dims, 128 prompts x 256+768) with the autopilot if >= C_NEEDS_S are left, else the
+    autopilot's further rounds on (a)'s session                                     -> hot_lever_0.5b.json, ...
+ d. the newest tuned plan as plain `python3 -m verl.trainer.main_ppo` if >= D_NEEDS_S are left -> overhead.json
+The autopilot is the advisor helper's part (bench/gpu/autopilot.py, `run(session, ...)`); where it is missing the
+driver stands in with the advisor's top findings, one per round (`_stand_in_rounds`). The session directories
+(without checkpoints and caches) are the recordings.
 
 usage (GPU machine, repo root, after `source /root/gpu-env.sh`):  python3 bench/gpu/campaign.py OUT_DIR
-      (CPU dry run of the driver logic on a replay):              python3 -m bench.gpu.campaign OUT_DIR --replay
+      (CPU dry run of the driver on replays of real recordings):  python3 -m bench.gpu.campaign OUT_DIR --replay
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import re
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -38,31 +47,59 @@ import pandas as pd  # noqa: E402
 from bench.common import environment, median, result, write  # noqa: E402
 from bench.gpu.analysis import per_step, segment_steps, summarize  # noqa: E402
 
-# verl's quickstart settings for the workload of issue 12 (what ../shared/gpu/reference/compare.sh ran as "A").
-QUICKSTART = dict(
-    gpus=[0], train_batch_size=256, ppo_mini_batch_size=64, max_prompt_length=512, max_response_length=512,
-    actor_micro_batch=4, logprob_micro_batch=8, ref_micro_batch=4, critic_micro_batch=4, use_dynamic_bsz=False,
-    rollout_gpu_memory=0.4, rollout_tp=1, rollout_enforce_eager=False,
+QUICKSTART = dict(  # verl's quickstart settings (examples/ppo_trainer), on one GPU
+    gpus=[0], actor_micro_batch=4, logprob_micro_batch=8, ref_micro_batch=4, critic_micro_batch=4,
+    use_dynamic_bsz=False, rollout_gpu_memory=0.4, rollout_tp=1, rollout_enforce_eager=False,
 )
-HOT_PROBE_KNOB = "critic_token_budget"  # for (b) when the advisor proposes no hot change
+MEASURED_STEPS = 3  # steps measured after a change (plus the first one after a relaunch)
+C_NEEDS_S = 510  # workload c: cold start ~4.6 min, step 1, two quickstart steps, a hot round, two steps
+D_NEEDS_S = 420  # plain verl of a 0.5B plan: ~4 min to its first step, then a few steps
+ROUND_NEEDS_S = 150  # one more hot round of the autopilot: apply at the next boundary, then measured steps
+
+
+@dataclass
+class Workload:
+    name: str
+    shape: str
+    knobs: dict[str, Any]
+    n_train: int
+    replay: str  # the recording a dry run plays instead
+    replay_change: dict[str, Any] = field(default_factory=dict)  # what stands in for the autopilot's round on it
+
+
+WORKLOADS = {
+    "1.5b": Workload("1.5b", "qwen2.5-1.5b", dict(QUICKSTART, train_batch_size=128, ppo_mini_batch_size=32,
+                                                  max_prompt_length=512, max_response_length=1024), 2048,
+                     replay="h200-tuning",  # the fused lever, recorded as a restart on 2026-12-01: hot now
+                     replay_change={"fused_kernels": True, "use_dynamic_bsz": True, "actor_token_budget": 16384,
+                                    "logprob_token_budget": 32768, "ref_token_budget": 32768,
+                                    "critic_token_budget": 32768}),
+    "0.5b": Workload("0.5b", "qwen2.5-0.5b", dict(QUICKSTART, train_batch_size=128, ppo_mini_batch_size=32,
+                                                  max_prompt_length=256, max_response_length=768), 2048,
+                     replay="h200-proof",  # its recorded restart-class change (LoRA critic + colocate_async)
+                     replay_change={"actor_token_budget": 32768, "logprob_token_budget": 32768,
+                                    "ref_token_budget": 32768, "critic_token_budget": 32768, "critic_lora_rank": 8,
+                                    "trainer_mode": "colocate_async"}),
+}
 
 
 class Campaign:
-    def __init__(self, out: Path, *, replay: bool, budget_s: float, steps_before: int, steps_after: int,
-                 plain_steps: int, assets: Path, machine: str | None):
+    def __init__(self, out: Path, *, replay: bool, budget_s: float, steps_before: int, plain_steps: int,
+                 assets: Path, machine: str | None):
         self.out = out
         self.results = out / "results"
         self.results.mkdir(parents=True, exist_ok=True)
         self.replay = replay
         self.t0 = time.time()
         self.budget_s = budget_s
-        # A replay has only the steps it recorded (the stand-in restart segment has 5).
-        self.steps_before, self.steps_after, self.plain_steps = steps_before, min(steps_after, 2) if replay else steps_after, plain_steps
+        self.steps_before, self.plain_steps = steps_before, plain_steps
+        self.measured = 1 if replay else MEASURED_STEPS  # a replay has only the steps it recorded
         self.assets = assets
         self.env = environment(machine)
         self.machine = self.env["machine"]
         self.session = None
-        self.facts: dict = {}  # what later parts need from earlier ones
+        self.sessions: list = []
+        self.facts: dict[str, dict[str, Any]] = {}  # per workload: what later parts need from earlier ones
         self._log = open(out / "progress.log", "a", buffering=1)
 
     # ------------------------------------------------------------------ plumbing
@@ -74,14 +111,16 @@ class Campaign:
     def left(self) -> float:
         return self.budget_s - (time.time() - self.t0)
 
-    def part(self, name: str, fn) -> None:
+    def part(self, name: str, fn, *args) -> bool:
         self.log(f"== {name} (budget left {self.left():.0f} s)")
         t = time.time()
         try:
-            fn()
+            fn(*args)
             self.log(f"== {name}: ok ({time.time() - t:.0f} s)")
+            return True
         except Exception:
             self.log(f"== {name}: FAILED ({time.time() - t:.0f} s)\n{traceback.format_exc()}")
+            return False
 
     def save(self, measure: str, **kw) -> None:
         meta = self.session.meta if self.session is not None else {}
@@ -91,91 +130,10 @@ class Campaign:
         if self.replay:
             res["notes"] = "DRY RUN ON A REPLAY (no GPU): checks the driver, measures nothing. " + res.get("notes", "")
         path = write(res, self.results)
-        self.log(f"result {measure}: {res['value']} {res['unit']} (goal {res['goal']}, met {res['goal_met']}) -> {path.name}")
+        self.log(f"result {measure}: {res['value']} {res['unit']} (goal {res['goal']}, met {res['goal_met']}) "
+                 f"-> {path.name}")
 
-    def wait_steps(self, n: int, what: str) -> int:
-        """Wait until the session's last step is >= n (bounded by the budget); returns it."""
-        s = self.session
-        s.wait_for_step(n, timeout=max(30.0, self.left()))
-        last = s.steps().iloc[-1]
-        self.log(f"{what}: step {int(last['step'])} {float(last.get('timing_s/step', float('nan'))):.1f} s, "
-                 f"{float(last.get('perf/throughput', float('nan'))):.0f} tok/s/GPU, state {s.state}")
-        return int(last["step"])
-
-    # ------------------------------------------------------------------ (a) start + advice + restart
-    def start(self) -> None:
-        from workbench.session import Session
-
-        self.facts["t_start"] = time.time()  # as the user sees it: from the call that starts the session
-        if self.replay:
-            # Slow enough that the driver's advice and apply land inside the recorded segment's 9 steps (2.5 s each).
-            self.session = Session.replay("h200-proof", speed=5, follow=False, root=self.out / "sessions")
-            self.facts["plan_overrides"] = self.session.export("overrides")
-        else:
-            from workbench.assets import generate_assets
-            from workbench.assets.plans import offline_overrides
-            from workbench.plan import Plan
-
-            if not (self.assets / "model").exists():
-                info = generate_assets(self.assets, shape="qwen2.5-0.5b", n_train=2048, n_test=64, device="cuda")
-                self.log("assets: " + json.dumps({k: v for k, v in info.items() if not str(k).endswith(("_dir", "_path"))}))
-            plan = Plan.from_verl(overrides=offline_overrides(self.assets)).with_changes(QUICKSTART)
-            plan.validate(gpu_count=1)
-            self.facts["plan_overrides"] = plan.to_overrides()
-            (self.out / "quickstart_overrides.txt").write_text("\n".join(self.facts["plan_overrides"]) + "\n")
-            self.session = Session.start(plan, name="tuning-quickstart")
-        (self.out / "session_path.txt").write_text(str(self.session.dir))
-        self.log(f"session {self.session.dir}")
-        self.wait_steps(self.steps_before, "before")
-
-    def advise_and_apply(self) -> None:
-        """Ask the advisor (it leaves the first step out as warm-up and may want a second measured step) and apply
-        its most severe applicable proposal — the one API call a user would make: apply_finding."""
-        s = self.session
-        for extra in range(3):
-            findings = s.advice_findings()
-            finding = self._first_applicable(findings)
-            if finding is not None or extra == 2:
-                break
-            self.log(f"no applicable advice yet ({len(findings)} findings): one more step")
-            self.wait_steps(int(s.steps()["step"].max()) + 1, "before")
-        rows = [{"rule": f.rule, "severity": f.severity, "change": f.change, "expected": f.expected,
-                 "evidence": f.evidence_text} for f in findings]
-        (self.out / "advice_before.json").write_text(json.dumps(rows, indent=1, default=str))
-        for r in rows:
-            self.log(f"advice [{r['severity']}] {r['rule']}: {r['change']} — {r['expected']}")
-        if finding is None:
-            raise RuntimeError("the advisor proposed no applicable change: nothing to tune with")
-        self.facts["findings_applied"] = [finding.rule]
-        queued_after = int(s.steps()["step"].max())
-        self.facts["before_segment"] = int(s.steps()["segment_id"].max())
-        t_apply = time.time()
-        handle = s.apply_finding(finding)
-        returned = time.time() - t_apply
-        self.log(f"applied {finding.rule}: {handle!r} (returned in {returned * 1000:.0f} ms)")
-        handle.wait(timeout=max(60.0, self.left()))
-        self.log(f"apply ended: {handle!r}")
-        if handle.state not in ("resumed", "applied"):
-            raise RuntimeError(f"the advisor's change did not take effect: {handle.state} {handle.message}")
-        # The segment the change opened: the first one begun after Apply (a restart's relaunch or a hot apply's).
-        segs = self._store_rows("segments")
-        after = min(r["id"] for r in segs if r["started_at"] >= t_apply)
-        self.facts.update(apply_t=t_apply, apply_return_s=returned, apply_mode=handle.mode, queued_after=queued_after,
-                          resumed_step=handle.step, changes=handle.changes, after_segment=after)
-        need = self.steps_after + 1  # its first step (warm-up) + steps_after measured
-
-        def enough(x) -> bool:
-            if x.state in ("failed", "lost", "stopped", "finished"):
-                raise RuntimeError(f"session {x.id} is {x.state} during the tuned segment")
-            steps = x.steps()
-            return len(steps) and (steps["segment_id"] == after).sum() >= need
-
-        s.wait_until(enough, timeout=max(30.0, self.left()))
-        last = s.steps().iloc[-1]
-        self.log(f"after: segment {after}, step {int(last['step'])} {float(last['timing_s/step']):.1f} s, "
-                 f"{float(last.get('perf/throughput', float('nan'))):.0f} tok/s/GPU")
-
-    def _store_rows(self, table: str) -> list[dict]:
+    def rows(self, table: str) -> list[dict]:
         from workbench.store import Store
 
         store = Store(self.session.dir, readonly=True)
@@ -184,160 +142,267 @@ class Campaign:
         finally:
             store.close()
 
-    def _first_applicable(self, findings):
-        """The most severe finding (the advisor sorts them) with a change that previews clean and leaves the
-        algorithm alone; on a replay, the recording's own restart change stands in (a replay plays recorded plans)."""
+    def last_step(self) -> int:
+        return int(self.session.last_step() or 0)
+
+    def wait_steps(self, n: int, what: str) -> int:
+        """Wait until the session's last step is >= n (bounded by the budget); returns it."""
+        s = self.session
+        s.wait_for_step(n, timeout=max(60.0, self.left()))
+        last = s.steps().iloc[-1]
+        self.log(f"{what}: step {int(last['step'])} {float(last.get('timing_s/step', float('nan'))):.1f} s, "
+                 f"{float(last.get('perf/throughput', float('nan'))):.0f} tok/s/GPU, state {s.state}")
+        return int(last["step"])
+
+    def wait_segment_steps(self, segment: int, n: int, what: str) -> None:
+        """Wait until `segment` has n steps (bounded by the budget)."""
+        def enough(x) -> bool:
+            if x.state in ("failed", "lost", "stopped", "finished"):
+                raise RuntimeError(f"session {x.id} is {x.state} while waiting for {what}")
+            steps = x.steps()
+            return bool(len(steps)) and int((steps["segment_id"] == segment).sum()) >= n
+
+        self.session.wait_until(enough, timeout=max(60.0, self.left()))
+        self.wait_steps(self.last_step(), what)
+
+    # ------------------------------------------------------------------ a session per workload
+    def start(self, wl: Workload) -> None:
+        from workbench.session import Session
+
+        facts = self.facts.setdefault(wl.name, {"t_start": time.time()})
+        if self.replay:
+            # slow enough that the driver's parts fall between the recorded steps (~20-70 s each)
+            self.session = Session.replay(wl.replay, speed=10, follow=False, root=self.out / "sessions")
+        else:
+            from workbench.assets import generate_assets
+            from workbench.assets.plans import offline_overrides
+            from workbench.plan import Plan
+
+            assets = self.assets / wl.name
+            info = generate_assets(assets, shape=wl.shape, n_train=wl.n_train, n_test=64,
+                                   device="cuda" if wl is WORKLOADS["1.5b"] else "cpu")
+            self.log(f"assets {wl.name}: " + json.dumps({k: v for k, v in info.items()
+                                                          if not str(k).endswith(("_dir", "_path", "files"))}))
+            plan = Plan.from_verl(overrides=offline_overrides(assets)).with_changes(wl.knobs)
+            plan.validate(gpu_count=1)
+            (self.out / f"quickstart_overrides_{wl.name}.txt").write_text("\n".join(plan.to_overrides()) + "\n")
+            facts["t_start"] = time.time()  # as the user sees it: from the call that starts the session
+            self.session = Session.start(plan, name=f"levers-{wl.name}")
+        self.sessions.append(self.session)
+        (self.out / "session_path.txt").write_text(str(self.session.dir))
+        self.log(f"session {self.session.dir}")
+        self.wait_steps(self.steps_before, f"{wl.name} quickstart")
+
+    def prepare_assets(self, wl: Workload) -> threading.Thread | None:
+        """Generate a later workload's assets on the CPU while the GPU runs the first one."""
+        if self.replay:
+            return None
+        from workbench.assets import generate_assets
+
+        thread = threading.Thread(target=generate_assets, args=(self.assets / wl.name,),
+                                  kwargs=dict(shape=wl.shape, n_train=wl.n_train, n_test=64, device="cpu"),
+                                  name=f"assets-{wl.name}", daemon=True)
+        thread.start()
+        return thread
+
+    # ------------------------------------------------------------------ autopilot rounds
+    def autopilot(self, wl: Workload, max_rounds: int) -> list[dict[str, Any]]:
+        """The advisor's autopilot for up to `max_rounds` rounds (its part function, where it exists); returns the
+        rounds the session's store records (apply commands since the call), whatever ran them."""
+        since = max((r["id"] for r in self.rows("commands")), default=0)
+        try:
+            from bench.gpu import autopilot as advisor_part  # the advisor helper's part (issue 16)
+        except ImportError:
+            advisor_part = None
+        if advisor_part is not None and not self.replay:
+            report = advisor_part.run(self.session, max_rounds=max_rounds, deadline=self.t0 + self.budget_s,
+                                      log=self.log, save=self.save, workload=wl.name)
+            self.log(f"autopilot ({wl.name}): {json.dumps(report, default=str)[:2000]}")
+        else:
+            self._stand_in_rounds(wl, max_rounds)
+        rounds = self.rounds(since)
+        self.facts[wl.name].setdefault("rounds", []).extend(rounds)
+        return rounds
+
+    def _stand_in_rounds(self, wl: Workload, max_rounds: int) -> None:
+        """Until the advisor's part lands (and on a replay, which plays only recorded plans): each round applies the
+        most severe finding that previews clean, hot ones first (on a replay the recorded change stands in), then
+        waits for its measured steps."""
         from workbench.knobs import ALGORITHM_KNOBS
 
-        if self.replay:
-            from types import SimpleNamespace
-
-            budgets = {k: 32768 for k in ("actor_token_budget", "logprob_token_budget", "ref_token_budget", "critic_token_budget")}
-            return SimpleNamespace(rule="replay-stand-in", change={**budgets, "critic_lora_rank": 8,
-                                                                    "trainer_mode": "colocate_async"})
-        for f in findings:
-            if not f.change or set(f.change) & set(ALGORITHM_KNOBS):
-                continue
-            p = self.session.preview(f.change)
-            if p.ok:
-                return f
-            self.log(f"skip {f.rule}: preview says {p.problems}")
-        return None
-
-    def tuning_result(self) -> None:
         s = self.session
+        for _ in range(1 if self.replay else max_rounds):  # a replay holds one recorded change to stand in
+            if self.replay:
+                change, rule = wl.replay_change, "replay-stand-in"
+            else:
+                findings = [f for f in s.advice_findings() if f.change and not set(f.change) & set(ALGORITHM_KNOBS)]
+                previews = [(f, s.preview(f.change)) for f in findings]
+                usable = [(f, p) for f, p in previews if p.ok]
+                usable.sort(key=lambda fp: fp[1].mode != "hot")  # stable: the advisor's order within each mode
+                (self.out / f"advice_{wl.name}_step{self.last_step()}.json").write_text(json.dumps(
+                    [{"rule": f.rule, "severity": f.severity, "change": f.change, "expected": f.expected,
+                      "mode": p.mode, "problems": p.problems} for f, p in previews], indent=1, default=str))
+                if not usable:
+                    self.log(f"{wl.name}: no applicable advice ({len(findings)} findings): rounds end")
+                    return
+                change, rule = usable[0][0].change, usable[0][0].rule
+            since = max((r["id"] for r in self.rows("commands")), default=0)
+            handle = s.apply(change)
+            self.log(f"{wl.name} round ({rule}): {handle!r}")
+            handle.wait(timeout=max(60.0, self.left()))
+            self.log(f"{wl.name} round ended: {handle!r}")
+            if handle.state not in ("applied", "resumed"):
+                return
+            segment = self.rounds(since)[0]["segment"]
+            self.wait_segment_steps(segment, self.measured + (handle.mode == "restart"), f"{wl.name} after {rule}")
+
+    def rounds(self, since_command: int) -> list[dict[str, Any]]:
+        """The apply commands after `since_command` and how each ended: mode, state, the step it took effect at,
+        the segment it opened, when it was given."""
+        out = []
+        for row in self.rows("commands"):
+            if row["id"] <= since_command or row["kind"] != "apply":
+                continue
+            answer = row["result"] if isinstance(row["result"], dict) else json.loads(row["result"] or "{}")
+            payload = row.get("payload") or {}
+            out.append({"command": row["id"], "t": row["t"], "state": row["state"], "changes": payload.get("changes"),
+                        "mode": answer.get("mode"), "step": answer.get("step"), "segment": answer.get("segment")})
+        return out
+
+    # ------------------------------------------------------------------ (a) the hot lever
+    def hot_lever(self, wl: Workload) -> None:
+        """The first round of the autopilot, applied hot: its figures now (and again once (b) ran the plan fresh)."""
+        rounds = self.autopilot(wl, max_rounds=1)
+        hot = next((r for r in rounds if r["mode"] == "hot" and r["state"] == "applied"), None)
+        if hot is None:
+            raise RuntimeError(f"the autopilot's first round was not applied hot: {rounds}")
+        self.facts[wl.name]["hot"] = hot
+        self.wait_segment_steps(hot["segment"], self.measured, f"{wl.name} hot segment")
+        self.hot_lever_result(wl)
+
+    def hot_lever_result(self, wl: Workload) -> None:
+        s, facts = self.session, self.facts[wl.name]
+        hot = facts["hot"]
         frame = per_step(s.steps(), s.samples(), gpus=[0])
-        frame.to_csv(self.out / "per_step.csv", index=False)
-        before = summarize(segment_steps(frame, self.facts["before_segment"]))
-        after = summarize(segment_steps(frame, self.facts["after_segment"]))
-        speedup = (after.get("tokens_per_s_per_gpu") or float("nan")) / (before.get("tokens_per_s_per_gpu") or float("nan"))
-        reps = [{"value": r.tokens_per_s_per_gpu, "segment": r.segment_id, "step": r.step, "step_s": r.step_s,
-                 "util_mean": r.util_mean, "sm_active_mean": r.sm_active_mean, "mfu_actor": r.mfu_actor,
-                 "phase": "before" if r.segment_id == self.facts["before_segment"] else "after"}
-                for r in frame.itertuples()]
-        phases = {k: (before.get(k), after.get(k)) for k in ("gen_s", "update_actor_s", "old_log_prob_s", "update_critic_s", "values_s")}
-        held_back = max(((k, v[1]) for k, v in phases.items() if v[1]), key=lambda kv: kv[1], default=(None, None))
+        frame.to_csv(self.out / f"per_step_{wl.name}.csv", index=False)
+        events = s.events()
+        applied = events[(events["kind"] == "applied")]
+        applied = applied[[d.get("segment") == hot["segment"] for d in applied["data"]]]
+        data = applied["data"].iloc[0] if len(applied) else {}
+        steps = s.steps()
+        before = steps[(steps["segment_id"] < hot["segment"]) & (steps["step"] > 1)]
+        in_hot = steps[steps["segment_id"] == hot["segment"]]
+        fresh_segment = facts.get("fresh_segment")
+        fresh = steps[steps["segment_id"] == fresh_segment].iloc[1:] if fresh_segment else steps.iloc[0:0]
+        hot_s, fresh_s = median(in_hot["timing_s/step"]), median(fresh["timing_s/step"])
+        ratio = hot_s / fresh_s if hot_s and fresh_s else None
+        memory = {col.split("/")[0]: {"quickstart": median(before.get(col, [])), "hot": median(in_hot.get(col, [])),
+                                      "fresh": median(fresh.get(col, []))}
+                  for col in ("actor/perf/max_memory_allocated_gb", "critic/perf/max_memory_allocated_gb")}
         self.save(
-            "tuning_speedup", value=round(speedup, 3), unit="x tokens/s/GPU", goal=">= 4", repetitions=reps,
-            plan_overrides=self.facts.get("plan_overrides"),
-            details={"before": before, "after": after, "findings_applied": self.facts.get("findings_applied"),
-                     "changes": self.facts.get("changes"), "apply_mode": self.facts.get("apply_mode"),
-                     "largest_phase_after": held_back, "phases_before_after_s": phases,
-                     "warmup_steps_excluded": "first step of each launched segment"},
-            notes="same session: segment before = verl quickstart settings, after = the advisor's proposals only; "
-                  "medians over each segment's steps after its first",
+            f"hot_lever_{wl.name}", value=None if ratio is None else round(ratio, 3),
+            unit="x step time, hot-applied / the same plan started fresh", goal="within 10 %",
+            met=None if ratio is None else abs(ratio - 1) <= 0.10,
+            repetitions=[{"value": float(t), "step": int(st), "segment": int(seg),
+                          "side": "hot" if seg == hot["segment"] else "fresh"}
+                         for t, st, seg in zip(pd.concat([in_hot, fresh])["timing_s/step"],
+                                               pd.concat([in_hot, fresh])["step"],
+                                               pd.concat([in_hot, fresh])["segment_id"])],
+            plan_overrides=s.export("overrides", segment=hot["segment"]),
+            details={"changes": hot["changes"], "command_t": hot["t"], "in_force_from_step": hot["step"],
+                     "first_step_of_hot_segment": int(in_hot["step"].min()) if len(in_hot) else None,
+                     "logprob_check": data.get("logprob_check"), "workers": data.get("workers"),
+                     "applied_text": applied["text"].iloc[0] if len(applied) else None,
+                     "step_s": {"quickstart": median(before["timing_s/step"]), "hot": hot_s, "fresh": fresh_s},
+                     "tokens_per_s_per_gpu": {"quickstart": median(before.get("perf/throughput", [])),
+                                              "hot": median(in_hot.get("perf/throughput", [])),
+                                              "fresh": median(fresh.get("perf/throughput", []))},
+                     "max_memory_allocated_gb": memory, "fresh_segment": fresh_segment,
+                     "summaries": {"quickstart": summarize(frame[frame["segment_id"] < hot["segment"]].iloc[1:]),
+                                   "hot": summarize(frame[frame["segment_id"] == hot["segment"]])}},
+            notes="hot: the autopilot's first round applied between steps in the running workers (no checkpoint, "
+                  "no relaunch); fresh: the same plan relaunched from a checkpoint (part b), its first step left "
+                  "out; every hot step counts. logprob_check: the runner's recomputation of this step's log-probs "
+                  "before and after the switch (max |difference|).",
         )
 
-    # ------------------------------------------------------------------ (c) restart vs cold
-    def restart_result(self) -> None:
+    # ------------------------------------------------------------------ (b) the same plan restarted
+    def control_restart(self, wl: Workload) -> None:
+        s = self.session
+        current = dict(s.knob_values()["nccl_env"])
+        change = {"nccl_env": {**current, "NCCL_P2P_DISABLE": "1" if current.get("NCCL_P2P_DISABLE") != "1" else "0"}}
+        since = max((r["id"] for r in self.rows("commands")), default=0)
+        handle = s.apply(change)
+        self.log(f"{wl.name} control restart: {handle!r}")
+        handle.wait(timeout=max(60.0, self.left()))
+        self.log(f"{wl.name} control restart ended: {handle!r}")
+        if handle.state != "resumed":
+            raise RuntimeError(f"the control restart did not resume: {handle.state} {handle.message}")
+        restart = self.rounds(since)[0]
+        self.facts[wl.name].update(fresh_segment=restart["segment"], restart=restart)
+        self.wait_segment_steps(restart["segment"], 1 + self.measured, f"{wl.name} fresh")
+        self.restart_result(wl, restart)
+        if "hot" in self.facts[wl.name]:
+            self.hot_lever_result(wl)
+
+    def restart_result(self, wl: Workload, restart: dict[str, Any]) -> None:
         from workbench.startup import parse_startup, read_log, summary
 
         s = self.session
-        steps, segs = s.steps(), s.segments()
+        steps, segs = s.steps(), s.segments().set_index("id")
         first = steps.groupby("segment_id")["t"].min()
-        cold_seg, after_seg = int(segs["id"].iloc[0]), self.facts["after_segment"]
-        cold = float(first[cold_seg] - self.facts["t_start"])
-        restart = float(first[after_seg] - self.facts["apply_t"])
-        if self.facts.get("apply_mode") != "restart" or not (restart > 0 and cold > 0):
-            raise RuntimeError(f"no restart to compare (mode {self.facts.get('apply_mode')}, restart {restart:.1f} s, "
-                               f"cold {cold:.1f} s)")
+        cold_seg, after = int(segs.index[0]), int(restart["segment"])
+        cold = float(first[cold_seg] - self.facts[wl.name]["t_start"])
+        value = float(first[after] - restart["t"])
         phases = {}
-        for seg in (cold_seg, after_seg):
+        for seg in (cold_seg, after):
             path = s.dir / "logs" / f"segment-{seg}.log"
             if path.exists():
-                row = segs.set_index("id").loc[seg]
-                df = parse_startup(read_log(path), launched_at=float(row["started_at"]), first_step_end=float(first[seg]))
+                df = parse_startup(read_log(path), launched_at=float(segs.loc[seg, "started_at"]),
+                                   first_step_end=float(first[seg]))
                 phases[str(seg)] = {"summary": summary(df), "phases": df[["phase", "seconds", "source"]].to_dict("records")}
         events = s.events()
-        ckpt = events[events["kind"] == "checkpoint"]
-        launch_t = float(segs.set_index("id").loc[after_seg, "started_at"])
+        checkpoint = [e for e in events.to_dict("records") if e["kind"] == "checkpoint" and e["t"] >= restart["t"]]
+        checkpoint_s = re.search(r"\(([0-9.]+) s", checkpoint[0]["text"]) if checkpoint else None
+        launch_t = float(segs.loc[after, "started_at"])
+        boundary = [e for e in events.to_dict("records") if e["kind"] == "exiting" and e["t"] >= restart["t"]]
         self.save(
-            "restart_vs_cold", value=round(restart / cold, 3), unit="x cold start", goal="<= 0.6",
-            repetitions=[{"value": restart / cold, "restart_s": restart, "cold_s": cold}],
-            details={"cold_start_s": cold, "apply_to_first_resumed_step_s": restart,
-                     "apply_to_relaunch_s": launch_t - self.facts["apply_t"],
-                     "relaunch_to_first_step_s": float(first[after_seg]) - launch_t,
-                     "checkpoint_s": [e.get("seconds") for e in ckpt["data"]] if len(ckpt) else None,
-                     "queued_after_step": self.facts["queued_after"], "resumed_step": self.facts["resumed_step"],
-                     "startup_phases": phases, "restart_env": restart_env_flags(),
-                     "compile_cache_mb": sum(f.stat().st_size for f in (s.dir / "cache").rglob("*") if f.is_file()) / 2**20
-                     if (s.dir / "cache").exists() else None},
-            notes="restart: Apply -> first resumed step's row (includes waiting for the step boundary, checkpoint, "
-                  "relaunch); cold: Session.start -> the first step's row. Different plans (before/after tuning); "
-                  "the relaunch reuses the compile caches the cold start filled (restart_env).",
+            f"restart_vs_cold_{wl.name}", value=round(value / cold, 3), unit="x cold start", goal="<= 0.6",
+            repetitions=[{"value": value / cold, "restart_s": value, "cold_s": cold}],
+            details={"cold_start_s": cold, "apply_to_first_resumed_step_s": value,
+                     "apply_to_step_boundary_s": (boundary[0]["t"] - restart["t"]) if boundary else None,
+                     "checkpoint_s": float(checkpoint_s.group(1)) if checkpoint_s else None,
+                     "checkpoint_text": checkpoint[0]["text"] if checkpoint else None,
+                     "apply_to_relaunch_s": launch_t - restart["t"],
+                     "relaunch_to_first_step_s": float(first[after]) - launch_t,
+                     "changes": restart["changes"], "startup_phases": phases, "restart_env": restart_env_flags(),
+                     "compile_cache_mb": sum(f.stat().st_size for f in (s.dir / "cache").rglob("*") if f.is_file())
+                     / 2**20 if (s.dir / "cache").exists() else None},
+            notes="restart: Apply -> the first resumed step's row (waiting for the step boundary, checkpoint, exit, "
+                  "relaunch, the first step); cold: Session.start -> the first step's row.",
         )
 
-    # ------------------------------------------------------------------ (b) hot apply
-    def hot_apply(self) -> None:
+    # ------------------------------------------------------------------ (b2) the sampler's cost, alternating
+    def sampler_ab(self, wl: Workload) -> None:
         s = self.session
-        if self.left() < 90:
-            raise RuntimeError(f"skipped: {self.left():.0f} s of budget left")
-        findings = [f for f in s.advice_findings() if f.change and s.preview(f.change).ok and s.preview(f.change).mode == "hot"]
-        if self.replay:
-            raise RuntimeError("skipped on a replay: the recording has no hot change from this plan "
-                               "(bench/measures/apply_latency_replay.py measures hot applies on a replay)")
-        if findings:
-            changes, source = findings[0].change, f"advisor: {findings[0].rule}"
-        else:
-            current = int(s.knob_values()[HOT_PROBE_KNOB])
-            # Halved, not raised: a smaller budget can't run out of memory (the segment it opens is not compared).
-            changes, source = {HOT_PROBE_KNOB: max(4096, current // 2)}, "probe: no hot proposal from the advisor"
-        p = s.preview(changes)
-        if not p.ok or p.mode != "hot":
-            raise RuntimeError(f"not a hot change here: {p.mode} {p.problems}")
-        queued_after = int(s.steps()["step"].max())
-        t0 = time.time()
-        h = s.apply(changes)
-        returned = time.time() - t0
-        h.wait(timeout=max(30.0, self.left()))
-        applied_s = time.time() - t0
-        # queued while step queued_after+1 runs: the next boundary puts it in force from queued_after+2
-        late = (h.step - (queued_after + 2)) if h.step is not None else None
-        self.log(f"hot {changes} ({source}): returned {returned * 1000:.0f} ms, {h!r}, boundaries late {late}")
-        self.save(
-            "hot_apply_latency", value=round(returned * 1000, 1), unit="ms", goal="<= 500 ms; next step boundary",
-            met=bool(returned <= 0.5 and late == 0),
-            repetitions=[{"value": returned * 1000, "changes": changes, "source": source, "queued_after_step": queued_after,
-                          "in_force_from_step": h.step, "boundaries_late": late, "s_to_applied": applied_s}],
-            details={"state": h.state, "message": h.message, "tuning_apply_return_ms": 1000 * self.facts.get("apply_return_s", float("nan"))},
-        )
-        if h.step is not None:
-            self.facts["hot_from_step"] = h.step
-            self.wait_steps(h.step, "after hot change")
+        rows = []
+        for on in (False, True) if self.replay else (False, True, False, True):  # a replay has few steps left
+            s.telemetry(on)
+            # a live switch falls inside a step: the next one is the first whole step under it (a replay's steps
+            # are recorded rows: the next one)
+            step = self.wait_steps(self.last_step() + (1 if self.replay else 2), f"sampler {'on' if on else 'off'}")
+            last = s.steps().iloc[-1]
+            rows.append({"value": float(last["timing_s/step"]), "sampler": on, "step": step})
+        s.telemetry(True)
+        on_s = median(r["value"] for r in rows if r["sampler"])
+        off_s = median(r["value"] for r in rows if not r["sampler"])
+        self.save(f"sampler_ab_{wl.name}", value=round(on_s / off_s, 4) if on_s and off_s else None,
+                  unit="x step time, sampler on / off", goal="<= 1.01", repetitions=rows,
+                  details={"on_s": on_s, "off_s": off_s},
+                  notes="the NVML sampler (10 Hz, GPM) switched at a step boundary; each figure is the step after the "
+                        "one the switch fell in; alternating off/on/off/on in one segment")
 
-    # ------------------------------------------------------------------ (e) sampler
-    def sampler_cost(self) -> None:
-        import psutil
-
-        s = self.session
-        proc = next((p for p in psutil.process_iter(["cmdline"])
-                     if p.info["cmdline"] and "workbench.telemetry.sampler" in " ".join(p.info["cmdline"])
-                     and str(s.dir) in " ".join(p.info["cmdline"])), None)
-        if proc is None:
-            raise RuntimeError("no sampler process for this session")
-        from workbench.store import Store
-
-        # Over the sampler's whole life so far (no waiting: the campaign's budget is tight): CPU time / wall time.
-        store = Store(s.dir, readonly=True)
-        rows = store.frame("samples")
-        store.close()
-        wall = time.time() - proc.create_time()
-        cpu = sum(proc.cpu_times()[:2])
-        share = 100 * cpu / wall
-        span = float(rows["t"].max() - rows["t"].min()) if len(rows) > 1 else float("nan")
-        size = _store_bytes(s.dir)
-        self.save(
-            "sampler_cost", value=round(share, 2), unit="% of one CPU core", goal=None,
-            repetitions=[{"value": share, "cpu_s": cpu, "wall_s": wall}],
-            details={"rows_per_s": len(rows) / span if span else None, "rows": len(rows),
-                     "store_bytes_per_s_upper_bound": size / wall, "store_bytes": size,
-                     "hz": float(os.environ.get("WORKBENCH_SAMPLER_HZ", "10")), "gpus": 1},
-            notes="CPU share of the sampler process over its life in this session (NVML + GPM at 10 Hz, process "
-                  "attribution once a second); store bytes include steps and events. Its effect on step time: "
-                  "bench/results/h200_2026-11-30/README.md (12.48 s off vs 12.43 s on)",
-        )
-
-    # ------------------------------------------------------------------ end of session, recording
+    # ------------------------------------------------------------------ ending a session, recordings
     def stop_session(self) -> None:
         s = self.session
         if s is None:
@@ -348,34 +413,28 @@ class Campaign:
         except Exception:
             self.log(f"stop at the boundary failed, stopping now:\n{traceback.format_exc()}")
             s.stop(now=True, timeout=60)
-        self.log(f"session state {s.state}")
-        self.pack_recording()
+        self.log(f"session {s.id}: {s.state}")
 
-    def pack_recording(self) -> None:
+    def pack_recordings(self) -> None:
         import sqlite3
 
-        s = self.session
-        db = sqlite3.connect(s.dir / "session.sqlite")  # the session has ended: fold the WAL into the file
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.close()
         with tarfile.open(self.out / "recording.tar.gz", "w:gz") as tar:
-            tar.add(s.dir, arcname=s.dir.name,
-                    filter=lambda ti: None if ("/checkpoints" in ti.name or "/cache" in ti.name or ti.name.endswith(".token")) else ti)
-        self.log(f"recording packed: {(self.out / 'recording.tar.gz').stat().st_size / 1e6:.1f} MB")
+            for s in self.sessions:
+                db = sqlite3.connect(s.dir / "session.sqlite")  # the session has ended: fold the WAL into the file
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.close()
+                tar.add(s.dir, arcname=s.dir.name, filter=lambda ti: None if any(
+                    part in ti.name for part in ("/checkpoints", "/cache")) or ti.name.endswith(".token") else ti)
+        self.log(f"recordings packed: {(self.out / 'recording.tar.gz').stat().st_size / 1e6:.1f} MB")
 
     # ------------------------------------------------------------------ (d) plain verl
     def overhead(self) -> None:
         if self.replay:
             raise RuntimeError("skipped on a replay: plain verl needs a GPU")
-        s = self.session
-        seg = self.facts.get("after_segment")
-        if seg is None:
-            raise RuntimeError("no tuned segment to compare with")
-        left = self.left()
-        if left < 300:
-            raise RuntimeError(f"skipped: {left:.0f} s left, plain verl needs ~230 s to start")
-        n = max(3, min(self.plain_steps, int((left - 250) / 22)))
-        self.log(f"plain verl: {n} steps of the tuned plan (segment {seg})")
+        s = self.sessions[-1]
+        seg = int(s.steps()["segment_id"].max())
+        n = max(3, min(self.plain_steps, int((self.left() - 270) / 25)))
+        self.log(f"plain verl: {n} steps of segment {seg}'s plan of {s.id}")
         overrides = plain_overrides(s.export("overrides", segment=seg), steps=n)
         (self.out / "plain_overrides.txt").write_text("\n".join(overrides) + "\n")
         run = self.out / "plain"
@@ -390,58 +449,74 @@ class Campaign:
             try:
                 rc = proc.wait(timeout=max(60.0, self.left() + 60))
             except subprocess.TimeoutExpired:
-                from workbench.supervisor import kill_tree
-
-                kill_tree(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
                 rc = "timeout"
         self.log(f"plain verl exited {rc} after {time.time() - t0:.0f} s")
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=60)
-        metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()] if (run / "metrics.jsonl").exists() else []
+        metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()] \
+            if (run / "metrics.jsonl").exists() else []
         plain_rows = [m["data"] for m in metrics if m["step"] > 1]
-        frame = per_step(s.steps(), s.samples(), gpus=[0])
-        tuned = segment_steps(frame, seg)
-        hot_from = self.facts.get("hot_from_step")
-        if hot_from is not None:
-            tuned = tuned[tuned["step"] < hot_from]
+        tuned = segment_steps(per_step(s.steps(), s.samples(), gpus=[0]), seg)
         if not plain_rows or tuned.empty:
             raise RuntimeError(f"no steps to compare (plain {len(plain_rows)}, session {len(tuned)}); rc {rc}")
         fig = overhead_figures(tuned, plain_rows)
         self.save(
             "overhead", value=round(fig["ratio"], 4), unit="x (step - gen) time, session / plain verl", goal="<= 1.01",
             plan_overrides=overrides, repetitions=fig["repetitions"],
-            details={**fig["details"], "plain_rc": rc, "plain_start_to_exit_s": time.time() - t0,
-                     "asked_steps_each": ">= 10 (issue 11)"},
-            notes="value: median (timing_s/step - timing_s/gen), session's tuned segment / the same plan as plain "
-                  "python3 -m verl.trainer.main_ppo; same GPU, one after the other (one lease: not alternating); the "
-                  "session includes supervisor, runner hooks and the 10 Hz sampler; first step of each run left out; "
-                  "gen differs on purpose (replay-buffer poll 0.05 s vs verl's 2 s), see ratio_gen",
+            details={**fig["details"], "plain_rc": rc, "plain_start_to_exit_s": time.time() - t0},
+            notes="value: median (timing_s/step - timing_s/gen), the session's newest segment / the same plan as "
+                  "plain python3 -m verl.trainer.main_ppo, one after the other on the same GPU; the sampler's share "
+                  "is measured alternating in sampler_ab_*; first step of each run left out",
         )
 
     def pack_logs(self) -> None:
         with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:
-            s = self.session
-            for path in ([*sorted((s.dir / "logs").glob("*.log"))] if s is not None else []) + [self.out / "plain" / "log.txt"]:
+            paths = [p for s in self.sessions for p in sorted((s.dir / "logs").glob("*.log"))]
+            for path in paths + [self.out / "plain" / "log.txt"]:
                 if path.exists():
-                    tail = self.out / f"tail-{path.parent.name}-{path.name}"
-                    data = path.read_bytes()[-4_000_000:]
-                    tail.write_bytes(data)
-                    tar.add(tail, arcname=f"{path.parent.name}/{path.name}")
+                    tail = self.out / f"tail-{path.name}"
+                    tail.write_bytes(path.read_bytes()[-4_000_000:])
+                    tar.add(tail, arcname=f"{path.parent.parent.name}/{path.name}")
                     tail.unlink()
 
+    # ------------------------------------------------------------------ the order of the parts
     def run(self) -> None:
-        self.log(f"campaign on {self.machine} ({self.env.get('gpu')}), budget {self.budget_s:.0f} s, replay={self.replay}")
-        self.part("a1 start on quickstart settings", self.start)
-        if self.session is not None:
-            self.part("a2 advice -> apply (restart-class)", self.advise_and_apply)
-            if "after_segment" in self.facts:
-                self.part("a3 tuning result", self.tuning_result)
-                self.part("c restart vs cold", self.restart_result)
-                self.part("e sampler cost", self.sampler_cost)
-                self.part("b hot apply", self.hot_apply)
-            self.part("stop session, pack recording", self.stop_session)
-        self.part("d overhead vs plain verl", self.overhead)
+        self.log(f"campaign on {self.machine} ({self.env.get('gpu')}), budget {self.budget_s:.0f} s, "
+                 f"replay={self.replay}")
+        a, c = WORKLOADS["1.5b"], WORKLOADS["0.5b"]
+        assets_c = self.prepare_assets(c)
+        if self.part("a1 start 1.5b on quickstart settings", self.start, a):
+            self.part("a2 autopilot round 1 (hot fused lever expected)", self.hot_lever, a)
+            self.part("b the same plan restarted (control): restart vs cold, hot vs fresh", self.control_restart, a)
+            if self.left() > 240:
+                self.part("b2 sampler off/on alternating", self.sampler_ab, a)
+            if self.left() < C_NEEDS_S and self.left() > ROUND_NEEDS_S:
+                self.part("b3 autopilot: further rounds on 1.5b", self.autopilot, a, 5)
+        self.part("stop 1.5b", self.stop_session)
+        if self.left() >= C_NEEDS_S or self.replay:
+            if assets_c is not None:
+                assets_c.join()
+            if self.part("c1 start 0.5b on quickstart settings", self.start, c):
+                self.part("c2 autopilot on 0.5b", self.second_workload, c)
+            self.part("stop 0.5b", self.stop_session)
+        else:
+            self.log(f"c skipped: {self.left():.0f} s left, it needs {C_NEEDS_S}")
+        self.part("pack recordings", self.pack_recordings)
+        if self.left() >= D_NEEDS_S:
+            self.part("d overhead vs plain verl", self.overhead)
+        else:
+            self.log(f"d skipped: {self.left():.0f} s left, plain verl needs {D_NEEDS_S}")
         self.part("pack logs", self.pack_logs)
         self.log("DONE")
+
+    def second_workload(self, wl: Workload) -> None:
+        rounds = self.autopilot(wl, max_rounds=max(1, int((self.left() - 60) // ROUND_NEEDS_S)))
+        for r in rounds:
+            if r["mode"] == "hot" and r["state"] == "applied" and "hot" not in self.facts[wl.name]:
+                self.facts[wl.name]["hot"] = r
+                self.hot_lever_result(wl)
+            elif r["mode"] == "restart" and r["state"] == "resumed":
+                self.restart_result(wl, r)
 
 
 def overhead_figures(tuned: pd.DataFrame, plain_rows: list[dict]) -> dict:
@@ -464,13 +539,10 @@ def overhead_figures(tuned: pd.DataFrame, plain_rows: list[dict]) -> dict:
     }
 
 
-def _store_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.glob("session.sqlite*") if p.exists())
-
-
 def restart_env_flags() -> dict:
     """What the workbench did to make restarts faster in this run (runner/runtime.py, workbench/ray_cluster.py)."""
-    return {k: v for k, v in os.environ.items() if k.startswith(("WORKBENCH_RAY", "WORKBENCH_COMPILE", "VLLM_", "TORCHINDUCTOR", "TRITON_CACHE"))}
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(("WORKBENCH_RAY", "WORKBENCH_COMPILE", "VLLM_", "TORCHINDUCTOR", "TRITON_CACHE"))}
 
 
 def plain_overrides(overrides: list[str], steps: int) -> list[str]:
@@ -496,17 +568,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/campaign.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
-    p.add_argument("--replay", action="store_true", help="dry run on the h200-proof replay (CPU): checks the driver")
-    p.add_argument("--budget-s", type=float, default=float(os.environ.get("CAMPAIGN_BUDGET_S", "1200")))
-    p.add_argument("--steps-before", type=int, default=2, help="steps on quickstart settings before asking the advisor")
-    p.add_argument("--steps-after", type=int, default=4, help="measured steps after the restart (plus its first)")
-    p.add_argument("--plain-steps", type=int, default=int(os.environ.get("PLAIN_STEPS", "8")))
+    p.add_argument("--replay", action="store_true", help="dry run on replays of real recordings (CPU)")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("CAMPAIGN_BUDGET_S", "1380")))
+    p.add_argument("--steps-before", type=int, default=3, help="steps on quickstart settings before the autopilot")
+    p.add_argument("--plain-steps", type=int, default=int(os.environ.get("PLAIN_STEPS", "6")))
     p.add_argument("--assets", type=Path, default=Path(os.environ.get("CAMPAIGN_ASSETS", "/root/assets")))
     p.add_argument("--machine")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    Campaign(a.out, replay=a.replay, budget_s=a.budget_s, steps_before=a.steps_before, steps_after=a.steps_after,
-             plain_steps=a.plain_steps, assets=a.assets, machine=a.machine).run()
+    Campaign(a.out, replay=a.replay, budget_s=a.budget_s, steps_before=a.steps_before, plain_steps=a.plain_steps,
+             assets=a.assets, machine=a.machine).run()
     return 0
 
 

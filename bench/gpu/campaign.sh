@@ -4,9 +4,9 @@
 #                                                (it outlives this command), then watch it up to WATCH_S s (default 500)
 #   bash bench/gpu/campaign.sh watch [WATCH_S]   follow it until DONE or WATCH_S s, then copy what exists to $OUT
 #   bash bench/gpu/campaign.sh stop              end it (supervisor, verl, Ray) and copy what exists to $OUT
-# env: CAMPAIGN_BUDGET_S (1200: the whole campaign; later parts shrink or skip), PLAIN_STEPS (8), STEPS_AFTER (4),
-#      WORKBENCH_COMPILE_CACHE (1), WORKBENCH_RAY_CLUSTER (0; 1: one Ray cluster per session kept across segments,
-#      workbench/ray_cluster.py).
+# env: CAMPAIGN_BUDGET_S (1380: the whole campaign; later parts shrink or skip), PLAIN_STEPS (6),
+#      WORKBENCH_COMPILE_CACHE (1), WORKBENCH_RAY_CLUSTER (1: one Ray cluster per session kept across segments,
+#      workbench/ray_cluster.py; 0: each run starts its own).
 # $OUT gets at most 5 files: progress.log, results.tar.gz (bench JSON + per-step CSV + advice + overrides),
 # recording.tar.gz (the session directory without checkpoints/caches, once packed; else a consistent copy of its
 # store), logs.tar.gz (tails of the segment logs and of plain verl's log), status.txt (GPU, processes).
@@ -20,8 +20,8 @@ W=${2:-500}
 pack() {
   mkdir -p $C/pack && rm -rf $C/pack/*
   cp $C/progress.log "$OUT/" 2>/dev/null
-  (cd $C && tar czf "$OUT/results.tar.gz" --ignore-failed-read results per_step.csv advice_before.json \
-      quickstart_overrides.txt plain_overrides.txt plain/metrics.jsonl session_path.txt 2>/dev/null)
+  (cd $C && tar czf "$OUT/results.tar.gz" --ignore-failed-read results per_step_*.csv advice_*.json \
+      quickstart_overrides_*.txt plain_overrides.txt plain/metrics.jsonl session_path.txt 2>/dev/null)
   S=$(cat $C/session_path.txt 2>/dev/null)
   if [ -f $C/recording.tar.gz ]; then cp $C/recording.tar.gz "$OUT/"
   elif [ -n "$S" ] && [ -f "$S/session.sqlite" ]; then
@@ -65,9 +65,9 @@ case "$cmd" in
 # The product copes without flash-attn on its own: the staging's sitecustomize fallback stays off its PYTHONPATH
 # (campaign.py puts it back for the plain-verl run only).
 export PYTHONPATH=/root/site:$C/code VERL_WORKBENCH_HOME=/root/wb WORKBENCH_SAMPLER_HZ=10
-export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-0}
-export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1200} PLAIN_STEPS=${PLAIN_STEPS:-8}
-cd $C/code && exec $PY bench/gpu/campaign.py $C --steps-after ${STEPS_AFTER:-4} ${CAMPAIGN_ARGS:-}
+export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-1}
+export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1380} PLAIN_STEPS=${PLAIN_STEPS:-6}
+cd $C/code && exec $PY bench/gpu/campaign.py $C ${CAMPAIGN_ARGS:-}
 GO
     setsid nohup bash $C/go.sh > $C/stdout.log 2>&1 < /dev/null &
     echo $! > $C/pid

@@ -15,8 +15,8 @@ M=$(python3 -c "import json,glob,sys; f=sorted(glob.glob('$T/results/*.json')); 
 D=$ROOT/bench/results/$M
 mkdir -p "$D"
 cp "$T"/results/*.json "$D/"
-for f in per_step.csv advice_before.json quickstart_overrides.txt plain_overrides.txt; do
-  [ -f "$T/$f" ] && cp "$T/$f" "$D/campaign_$f"
+for f in "$T"/per_step_*.csv "$T"/advice_*.json "$T"/quickstart_overrides_*.txt "$T"/plain_overrides.txt; do
+  [ -f "$f" ] && cp "$f" "$D/campaign_$(basename "$f")"
 done
 [ -f "$F/progress.log" ] && cp "$F/progress.log" "$D/campaign_progress.log"
 [ -f "$F/logs.tar.gz" ] && cp "$F/logs.tar.gz" "$D/campaign_logs.tar.gz"
