@@ -63,6 +63,7 @@ def test_gpu_campaign_driver_dry_run_on_a_replay(tmp_path, home):
     hot = json.loads((out / "results" / "hot_lever_1.5b.json").read_text())
     assert hot["notes"].startswith("DRY RUN ON A REPLAY") and hot["repetitions"]
     assert hot["details"]["changes"]["fused_kernels"] is True and hot["details"]["in_force_from_step"] == 4
+    assert hot["details"]["boundaries_late"] == 0
     assert hot["details"]["applied_text"].startswith("replay: hot:")
     restart = json.loads((out / "results" / "restart_vs_cold_0.5b.json").read_text())
     assert restart["value"] > 0 and restart["details"]["changes"]["trainer_mode"] == "colocate_async"

@@ -261,7 +261,7 @@ def live_trainer(runnable_plan, monkeypatch):
     actor = training_worker(build_as_verl(tiny_lm(), fused=False), fused=False)
     trainer.actor_rollout_wg = SimpleNamespace(workers=[WorkerHandle(worker_process(actor))])
     trainer._wb_step_batch = object()  # this step's batch: the probe below stands in for reading it back
-    trainer._wb_probe_log_probs = lambda: log_probs(actor)[USED_POSITIONS]
+    trainer._wb_probe_log_probs = lambda per_rank: log_probs(actor)[USED_POSITIONS]
     trainer.actor = actor
     return trainer
 
@@ -299,7 +299,7 @@ def test_a_switch_under_which_log_probs_fail_is_switched_back(live_trainer):
     before = log_probs(live_trainer.actor)
     probes = iter([lambda: before, None])  # the pass under the new setting fails
 
-    def probe():
+    def probe(per_rank):
         result = next(probes)
         if result is None:
             raise RuntimeError("CUDA error: an illegal memory access")
@@ -349,3 +349,19 @@ def test_each_call_gets_every_batching_setting_in_force(live_trainer):
     live_trainer._wb_hot_apply({"use_dynamic_bsz": False, "actor_micro_batch": 1}, "{}", 4)
     live_trainer._wb_call_settings(batch, "_update_actor")
     assert batch.extra_info["use_dynamic_bsz"] is False and batch.extra_info["micro_batch_size_per_gpu"] == 1
+
+
+def test_the_probe_takes_whole_micro_batches_before_and_after(live_trainer):
+    """Without dynamic batching verl asserts a rank's share divides into micro batches of exactly the micro-batch
+    size (workers/engine/utils.py prepare_micro_batches): the probe's share is a multiple of both passes' sizes."""
+    def per_rank(changes):
+        probe, why_not = live_trainer._wb_logprob_probe(changes)
+        return probe.args[0] if probe else why_not
+
+    assert live_trainer._wb_live("logprob_micro_batch") == 2
+    assert per_rank({"fused_kernels": True}) == 4
+    assert per_rank({"logprob_micro_batch": 3}) == 12
+    assert per_rank({"use_dynamic_bsz": True, "logprob_token_budget": 8192}) == 4
+    assert per_rank({"gradient_checkpointing": False}) == {}  # log-probs don't move: nothing to check
+    live_trainer.trainer_mode = "colocate_async"
+    assert "generation runs during the step boundary" in per_rank({"fused_kernels": True})["skipped"]

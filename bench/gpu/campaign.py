@@ -55,6 +55,7 @@ MEASURED_STEPS = 3  # steps measured after a change (plus the first one after a 
 C_NEEDS_S = 510  # workload c: cold start ~4.6 min, step 1, two quickstart steps, a hot round, two steps
 D_NEEDS_S = 420  # plain verl of a 0.5B plan: ~4 min to its first step, then a few steps
 ROUND_NEEDS_S = 150  # one more hot round of the autopilot: apply at the next boundary, then measured steps
+RESTART_NEEDS_S = 480  # one more restart-class round: boundary, checkpoint, relaunch (~4-5 min), measured steps
 
 
 @dataclass
@@ -190,6 +191,8 @@ class Campaign:
             self.session = Session.start(plan, name=f"levers-{wl.name}")
         self.sessions.append(self.session)
         (self.out / "session_path.txt").write_text(str(self.session.dir))
+        with open(self.out / "sessions.txt", "a") as sessions:  # campaign.sh packs every session's logs
+            sessions.write(f"{self.session.dir}\n")
         self.log(f"session {self.session.dir}")
         self.wait_steps(self.steps_before, f"{wl.name} quickstart")
 
@@ -237,7 +240,8 @@ class Campaign:
             else:
                 findings = [f for f in s.advice_findings() if f.change and not set(f.change) & set(ALGORITHM_KNOBS)]
                 previews = [(f, s.preview(f.change)) for f in findings]
-                usable = [(f, p) for f, p in previews if p.ok]
+                # a restart-class round takes a relaunch: only where the budget still holds one
+                usable = [(f, p) for f, p in previews if p.ok and (p.mode == "hot" or self.left() > RESTART_NEEDS_S)]
                 usable.sort(key=lambda fp: fp[1].mode != "hot")  # stable: the advisor's order within each mode
                 (self.out / f"advice_{wl.name}_step{self.last_step()}.json").write_text(json.dumps(
                     [{"rule": f.rule, "severity": f.severity, "change": f.change, "expected": f.expected,
@@ -295,6 +299,8 @@ class Campaign:
         fresh_segment = facts.get("fresh_segment")
         fresh = steps[steps["segment_id"] == fresh_segment].iloc[1:] if fresh_segment else steps.iloc[0:0]
         hot_s, fresh_s = median(in_hot["timing_s/step"]), median(fresh["timing_s/step"])
+        # given while step queued_after + 1 ran: the next boundary puts it in force from step queued_after + 2
+        queued_after = int(steps[steps["t"] <= hot["t"]]["step"].max()) if (steps["t"] <= hot["t"]).any() else 0
         ratio = hot_s / fresh_s if hot_s and fresh_s else None
         memory = {col.split("/")[0]: {"quickstart": median(before.get(col, [])), "hot": median(in_hot.get(col, [])),
                                       "fresh": median(fresh.get(col, []))}
@@ -310,6 +316,8 @@ class Campaign:
                                                pd.concat([in_hot, fresh])["segment_id"])],
             plan_overrides=s.export("overrides", segment=hot["segment"]),
             details={"changes": hot["changes"], "command_t": hot["t"], "in_force_from_step": hot["step"],
+                     "queued_after_step": queued_after,
+                     "boundaries_late": None if hot["step"] is None else hot["step"] - (queued_after + 2),
                      "first_step_of_hot_segment": int(in_hot["step"].min()) if len(in_hot) else None,
                      "logprob_check": data.get("logprob_check"), "workers": data.get("workers"),
                      "applied_text": applied["text"].iloc[0] if len(applied) else None,
@@ -386,11 +394,12 @@ class Campaign:
     def sampler_ab(self, wl: Workload) -> None:
         s = self.session
         rows = []
+        self.wait_steps(self.last_step() + 1, "sampler A/B: at a step boundary")
         for on in (False, True) if self.replay else (False, True, False, True):  # a replay has few steps left
+            # Switched right after a step's row: the step under way began a moment ago (the sampler starts or
+            # stops within ~1 s), so that step is the one measured.
             s.telemetry(on)
-            # a live switch falls inside a step: the next one is the first whole step under it (a replay's steps
-            # are recorded rows: the next one)
-            step = self.wait_steps(self.last_step() + (1 if self.replay else 2), f"sampler {'on' if on else 'off'}")
+            step = self.wait_steps(self.last_step() + 1, f"sampler {'on' if on else 'off'}")
             last = s.steps().iloc[-1]
             rows.append({"value": float(last["timing_s/step"]), "sampler": on, "step": step})
         s.telemetry(True)
@@ -399,8 +408,8 @@ class Campaign:
         self.save(f"sampler_ab_{wl.name}", value=round(on_s / off_s, 4) if on_s and off_s else None,
                   unit="x step time, sampler on / off", goal="<= 1.01", repetitions=rows,
                   details={"on_s": on_s, "off_s": off_s},
-                  notes="the NVML sampler (10 Hz, GPM) switched at a step boundary; each figure is the step after the "
-                        "one the switch fell in; alternating off/on/off/on in one segment")
+                  notes="the NVML sampler (10 Hz, GPM) switched right after a step's row was written (the next step "
+                        "had just begun); each figure is that next step; alternating off/on/off/on in one segment")
 
     # ------------------------------------------------------------------ ending a session, recordings
     def stop_session(self) -> None:
@@ -429,8 +438,6 @@ class Campaign:
 
     # ------------------------------------------------------------------ (d) plain verl
     def overhead(self) -> None:
-        if self.replay:
-            raise RuntimeError("skipped on a replay: plain verl needs a GPU")
         s = self.sessions[-1]
         seg = int(s.steps()["segment_id"].max())
         n = max(3, min(self.plain_steps, int((self.left() - 270) / 25)))
@@ -502,7 +509,9 @@ class Campaign:
         else:
             self.log(f"c skipped: {self.left():.0f} s left, it needs {C_NEEDS_S}")
         self.part("pack recordings", self.pack_recordings)
-        if self.left() >= D_NEEDS_S:
+        if self.replay:
+            self.log("d skipped: plain verl needs a GPU")
+        elif self.left() >= D_NEEDS_S:
             self.part("d overhead vs plain verl", self.overhead)
         else:
             self.log(f"d skipped: {self.left():.0f} s left, plain verl needs {D_NEEDS_S}")

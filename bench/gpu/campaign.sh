@@ -35,7 +35,10 @@ PY
     (cd $C/pack && tar czf "$OUT/recording.tar.gz" "$(basename "$S")")
   fi
   mkdir -p $C/pack/logs
-  [ -n "$S" ] && for f in "$S"/logs/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > $C/pack/logs/$(basename "$f"); done
+  for D in $(cat $C/sessions.txt 2>/dev/null); do   # every session of the campaign, its logs under its name
+    mkdir -p "$C/pack/logs/$(basename "$D")"
+    for f in "$D"/logs/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$C/pack/logs/$(basename "$D")/$(basename "$f")"; done
+  done
   [ -f $C/plain/log.txt ] && tail -c 4000000 $C/plain/log.txt > $C/pack/logs/plain_verl.log
   tail -c 2000000 $C/stdout.log > $C/pack/logs/campaign_stdout.log 2>/dev/null
   (cd $C/pack && tar czf "$OUT/logs.tar.gz" logs)

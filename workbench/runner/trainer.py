@@ -15,6 +15,8 @@ colocate_async and separate_async all keep verl's behaviour; the subclass only
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import socket
 import time
@@ -247,12 +249,18 @@ class WorkbenchTrainerMixin:
             return None, {"skipped": f"generation runs during the step boundary in {self.trainer_mode}"}
         if getattr(self, "_wb_step_batch", None) is None:
             return None, {"skipped": "no batch of this step at hand"}
-        return self._wb_probe_log_probs, {}
+        # Without dynamic batching verl splits a rank's share into micro batches of exactly that many sequences:
+        # the probe's share must be a multiple of the micro-batch size before and after the change.
+        sizes = [PROBE_SEQUENCES_PER_RANK]
+        for value_of in (self._wb_live, lambda knob: changes.get(knob, self._wb_live(knob))):
+            if not value_of("use_dynamic_bsz"):
+                sizes.append(int(value_of("logprob_micro_batch")))
+        return functools.partial(self._wb_probe_log_probs, math.lcm(*sizes)), {}
 
-    def _wb_probe_log_probs(self):
-        """Response-token log-probs of the first sequences of this step's batch, on the actor's current weights, with
-        the old_log_prob call's settings in force. In sync mode the rollout engine holds its KV cache at the boundary
-        (verl wakes it in on_step_end), so the probe stays small."""
+    def _wb_probe_log_probs(self, per_rank: int):
+        """Response-token log-probs of the first `per_rank` sequences of each data-parallel rank's share of this
+        step's batch, on the actor's current weights, with the old_log_prob call's settings in force. In sync mode
+        the rollout engine holds its KV cache at the boundary (verl wakes it in on_step_end): the probe stays small."""
         import transfer_queue as tq
         from transfer_queue import KVBatchMeta
         from verl.workers.utils.padding import response_from_nested
@@ -261,9 +269,10 @@ class WorkbenchTrainerMixin:
         if "actor" not in wg._dispatch_info:  # as verl's _balance_batch finds the actor's data-parallel size
             wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
         dp_size = max(wg._dispatch_info["actor"]) + 1
-        n = min(len(batch.keys) // dp_size, PROBE_SEQUENCES_PER_RANK) * dp_size
-        if n == 0:
-            raise ValueError(f"this step's batch has {len(batch.keys)} sequences for {dp_size} ranks")
+        n = per_rank * dp_size
+        if n > len(batch.keys):
+            raise ValueError(f"this step's batch has {len(batch.keys)} sequences, the probe needs {per_rank} for each "
+                             f"of {dp_size} ranks")
         probe = KVBatchMeta(partition_id=batch.partition_id, keys=list(batch.keys[:n]), tags=list(batch.tags[:n]))
         probe.extra_info.update({"calculate_entropy": False, "compute_loss": False,
                                  "temperature": self.config.actor_rollout_ref.rollout.temperature})
