@@ -365,3 +365,50 @@ def test_the_probe_takes_whole_micro_batches_before_and_after(live_trainer):
     assert per_rank({"gradient_checkpointing": False}) == {}  # log-probs don't move: nothing to check
     live_trainer.trainer_mode = "colocate_async"
     assert "generation runs during the step boundary" in per_rank({"fused_kernels": True})["skipped"]
+
+
+def test_the_probe_reads_back_the_response_log_probs_of_its_share(live_trainer, monkeypatch):
+    """The runner's probe against a TransferQueue stand-in (a GPU-side package): the probe batch it hands verl's
+    compute_log_prob (first sequences of each rank's share, the log-prob call's settings), and the response
+    tokens' log-probs it reads back (verl's response_from_nested: each response's tokens, shifted by one)."""
+    import dataclasses
+    import sys
+    import types
+
+    @dataclasses.dataclass
+    class KVBatchMeta:  # transfer_queue's, field for field
+        keys: list = dataclasses.field(default_factory=list)
+        tags: list = dataclasses.field(default_factory=list)
+        partition_id: str | None = None
+        fields: list | None = None
+        extra_info: dict = dataclasses.field(default_factory=dict)
+
+    prompt, responses = 3, [2, 4, 1, 3]  # four sequences: 3 prompt tokens, then responses of these lengths
+    log_probs = [torch.arange(prompt + n, dtype=torch.float32) + 10 * i for i, n in enumerate(responses)]
+    stored = {"log_probs": torch.nested.as_nested_tensor(log_probs, layout=torch.jagged),
+              "response_mask": torch.nested.as_nested_tensor([torch.ones(n, dtype=torch.int64) for n in responses],
+                                                             layout=torch.jagged)}
+    asked = {}
+    transfer_queue = types.ModuleType("transfer_queue")
+    transfer_queue.KVBatchMeta = KVBatchMeta
+    transfer_queue.kv_batch_get = lambda keys, partition_id, select_fields: tu.get_tensordict(
+        {k: stored[k] for k in select_fields})
+    monkeypatch.setitem(sys.modules, "transfer_queue", transfer_queue)
+    live_trainer._wb_step_batch = KVBatchMeta(keys=["a", "b", "c", "d"], tags=[{}] * 4, partition_id="train")
+    live_trainer.actor_rollout_wg._dispatch_info = {"actor": [0, 1]}  # two data-parallel ranks
+    live_trainer.actor_rollout_wg.compute_log_prob = lambda probe: asked.setdefault("probe", probe)
+    live_trainer.config.actor_rollout_ref.rollout.temperature = 1.0
+    del live_trainer._wb_probe_log_probs  # the real one, not the fixture's stand-in
+
+    got = live_trainer._wb_probe_log_probs(2)
+
+    probe = asked["probe"]
+    assert probe.keys == ["a", "b", "c", "d"] and probe.partition_id == "train"
+    assert probe.extra_info["use_dynamic_bsz"] is False and probe.extra_info["micro_batch_size_per_gpu"] == 2
+    assert probe.extra_info["compute_loss"] is False and probe.extra_info["temperature"] == 1.0
+    # log_probs[t] scores token t+1: a response of n tokens after 3 prompt tokens is positions 2 .. 2+n-1
+    expected = torch.cat([torch.arange(prompt - 1, prompt - 1 + n, dtype=torch.float32) + 10 * i
+                          for i, n in enumerate(responses)])
+    assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="the probe needs 4 for each of 2 ranks"):
+        live_trainer._wb_probe_log_probs(4)
