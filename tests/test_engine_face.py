@@ -23,7 +23,8 @@ from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET, TUNED_CHANGES
 from workbench import ApplyResult, Plan, PlanError, Session
 from workbench import control as c
 from workbench.knobs import KNOB_TABLE_COLUMNS
-from workbench.session import NO_CHANGE, ApplyRefused
+from workbench.handles import NO_CHANGE, ApplyRefused, ReadOnlySession, judge_change
+from workbench.lifecycle import SessionKind
 from workbench.store import SAMPLE_COLUMNS, Store
 
 TIMEOUT = 90.0
@@ -418,3 +419,61 @@ def test_export_says_what_this_machine_needed_that_plain_verl_does_not_do(tmp_pa
     with pytest.raises(ValueError, match="unknown export format"):
         session.export("toml")
     store.close()
+
+
+# ------------------------------------------------------------------------------------------------ authority, kind
+def test_the_operator_token_is_checked_by_the_engine(tmp_path, recorded_plans):
+    store = make_session_dir(tmp_path / "token", recorded_plans["A"])
+    viewer = Session(tmp_path / "token", read_only=True)
+    for wrong in ("not-the-token", "", "  "):
+        with pytest.raises(ReadOnlySession, match="not this session's operator token"):
+            viewer.as_operator(wrong)
+    assert not viewer.is_operator
+    operator = viewer.as_operator(" operator-token-of-a-test\n")
+    assert operator.is_operator and operator.id == viewer.id
+    store.close()
+
+
+def test_a_viewer_cannot_start_one_like_it_and_an_operator_not_beside_a_running_one(quiet, home):
+    session, store = quiet
+    viewer = Session(session.dir, read_only=True)
+    with pytest.raises(ReadOnlySession):
+        viewer.start_like()
+    with pytest.raises(RuntimeError, match="one verl run at a time"):
+        session.start_like()  # it runs (no supervisor pid yet: still starting)
+    assert Session.list().empty  # nothing was started
+
+
+def test_the_session_kind_is_typed(quiet):
+    session, store = quiet
+    assert session.kind == SessionKind("live") and not session.kind.is_replay
+    store.set_meta(kind="replay", recording="/recordings/h200-proof", speed=20, follow=False, recorded_at=1.5e9,
+                   gpu_name="NVIDIA H200")
+    kind = session.kind
+    assert kind.is_replay and (kind.recording, kind.speed, kind.follow) == ("/recordings/h200-proof", 20.0, False)
+    assert (kind.recorded_at, kind.gpu_name) == (1.5e9, "NVIDIA H200")
+
+
+def test_one_rule_judges_a_change_for_preview_and_supervisor(quiet, recorded_plans):
+    session, store = quiet
+    plan = recorded_plans["A"]
+    judged = judge_change(plan, {"actor_token_budget": HOT_NEIGHBOUR_BUDGET}, gpu_count=1, with_verl=False)
+    # (verl's log-prob budgets follow the actor's by interpolation: they change with it)
+    assert judged.mode == "hot" and judged.changes["actor_token_budget"] == HOT_NEIGHBOUR_BUDGET
+    assert judged.new.knob_values()["actor_token_budget"] == HOT_NEIGHBOUR_BUDGET
+    preview = session.preview({"actor_token_budget": HOT_NEIGHBOUR_BUDGET})
+    assert (preview.mode, preview.diff) == (judged.mode, judged.diff)
+    with pytest.raises(PlanError) as caught:
+        judge_change(plan, {"actor_token_budget": plan.knob_values()["actor_token_budget"]}, gpu_count=1,
+                     with_verl=False)
+    assert caught.value.messages == [NO_CHANGE] == session.preview(
+        {"actor_token_budget": plan.knob_values()["actor_token_budget"]}).messages
+    with pytest.raises(PlanError) as caught:
+        judge_change(plan, {"actor_token_budget": 0}, gpu_count=1, with_verl=False)
+    assert "actor_token_budget" in caught.value.problems
+
+
+def test_a_segment_row_is_one_call_away(quiet):
+    session, store = quiet
+    assert session.segment()["id"] == 1 == session.segment(1)["id"] and session.segment(7) is None
+    assert session.segment()["reason"] == "start"

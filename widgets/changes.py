@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
-from workbench import PlanError
+from workbench.plan import PlanError
 
 from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
 from .knob_editor import KnobEditor, as_text, plain

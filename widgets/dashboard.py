@@ -39,19 +39,17 @@ whose page is gone falls idle and Jupyter's culling can end it; the next view re
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
 import os
 import threading
 import time
-from pathlib import Path
 from urllib.parse import parse_qs
 
 import ipywidgets as W
 
-from workbench import Session
-from workbench.control import TOKEN_FILE
+from workbench.handles import ReadOnlySession
 from workbench.paths import page_session_dir
+from workbench.session import Session
 
 from .advisor import AdvisorPanel
 from .changes import ChangesPanel
@@ -86,25 +84,11 @@ def page_query(query_string: str | None = None) -> dict[str, str]:
     return {key: values[-1] for key, values in parse_qs(text).items()}
 
 
-def operator_session(session: Session, token: str) -> Session:
-    """The same session with the operator token; ValueError when it is not the session's token."""
-    # TEMPORARY adapter until Session.attach checks a given token itself (asked of the engine): where this process
-    # can read the token file (a Voila kernel runs as the session's user), compare; elsewhere the supervisor
-    # still refuses commands that a wrong token signed.
-    try:
-        expected = (Path(session.dir) / TOKEN_FILE).read_text().strip()
-    except OSError:
-        expected = None
-    if expected is not None and not hmac.compare_digest(expected.encode(), token.strip().encode()):
-        raise ValueError("that is not this session's operator token: the page stays read-only")
-    return Session.attach(session.dir, token=token.strip())
-
-
 class Dashboard:
     def __init__(self, session: Session, token: str | None = None, *, live: bool = True,
                  window_min: int = WHOLE_SESSION, interval_s: float = MIN_INTERVAL_S):
         if token:
-            session = operator_session(session, token)
+            session = session.as_operator(token)
         self.interval_s = max(float(interval_s), MIN_INTERVAL_S)
         self.ctx = Context(session, Feed(session, window_min=window_min))
         self.bar = SessionBar(self.ctx, switch=self._switch)
@@ -160,7 +144,7 @@ class Dashboard:
         session = Session.attach(named or os.environ.get("VERL_WORKBENCH_SESSION"), read_only=True)
         try:
             return cls(session, token=token, **options)
-        except ValueError as error:  # a wrong token in the URL: a viewer's page, saying why
+        except ReadOnlySession as error:  # a wrong token in the URL: a viewer's page, saying why
             dashboard = cls(session, **options)
             dashboard.unlock_message.value = f"<span class='wb-problem'>{html.escape(str(error))}</span>"
             return dashboard
@@ -273,7 +257,7 @@ class Dashboard:
     def _unlock(self) -> None:
         token = self.token.value.strip()
         try:
-            session = operator_session(self.ctx.session, token)
+            session = self.ctx.session.as_operator(token)
         except Exception as error:
             self.unlock_message.value = f"<span class='wb-problem'>{html.escape(str(error))}</span>"
             return

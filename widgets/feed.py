@@ -92,6 +92,7 @@ class Feed:
         self.state: str | None = None
         self.last_step: int | None = None
         self.meta: dict[str, Any] = {}
+        self.kind = None  # the session's SessionKind (live, or a replay and how), read with the meta
         self.steps = pd.DataFrame()
         self.events = pd.DataFrame()
         self.segments = pd.DataFrame()
@@ -122,7 +123,7 @@ class Feed:
             news.add("state")
         self.state, self.last_step = poll.state, poll.last_step
         if "meta" in changed:
-            self.meta = s.meta
+            self.meta, self.kind = s.meta, s.kind
             news.add("meta")
         if "steps" in changed:
             new = s.steps(since_id=_last_id(self.steps))

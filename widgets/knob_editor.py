@@ -16,7 +16,7 @@ from typing import Any, Callable
 import ipywidgets as W
 import numpy as np
 
-from workbench import KNOBS
+from workbench.knobs import KNOBS
 
 TEXT_KINDS = ("str", "env")
 SLIDER_WIDTH = "340px"

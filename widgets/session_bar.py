@@ -57,16 +57,6 @@ def what_you_can_do(state: str, replay: bool, speed: Any) -> str:
     return ""
 
 
-def start_like(session):
-    """A new session with the plan in force of an ended one: a live run, or the same recording replayed."""
-    from workbench import Session
-
-    meta = session.meta
-    if meta.get("kind") == "replay":
-        return Session.replay(meta["recording"], speed=meta.get("speed", 1.0), follow=meta.get("follow", True))
-    return Session.start(session.plan)
-
-
 class SessionBar:
     def __init__(self, ctx: Context, switch=None):
         self.ctx = ctx
@@ -90,7 +80,7 @@ class SessionBar:
         session = self.ctx.session
         if name == "start":
             def start() -> str:
-                new = start_like(session)
+                new = session.start_like()
                 if self.switch is not None:
                     self.switch(new)
                 return f"session {new.id}: this page follows it now, as its operator (viewers: ?session={new.id})"
@@ -105,15 +95,14 @@ class SessionBar:
     def prepare(self, feed, news):
         steps = feed.steps
         segment = int(steps["segment_id"].iloc[-1]) if len(steps) else None
-        meta = feed.meta
-        replay = meta.get("kind") == "replay"
+        kind = feed.kind
+        replay = kind is not None and kind.is_replay
         if replay:
-            recorded = meta.get("recorded_at")
-            recorded = time.strftime("%Y-%m-%d", time.localtime(recorded)) if isinstance(recorded, (int, float)) \
-                else meta.get("date", "")
-            origin = (f"replay of {html.escape(str(meta.get('recording', '?')).rsplit('/', 1)[-1])} "
-                      f"(recorded {html.escape(str(recorded))}"
-                      f" on {html.escape(str(meta.get('gpu_name', 'a GPU')))}; ×{fmt(meta.get('speed'))} speed)")
+            recorded = time.strftime("%Y-%m-%d", time.localtime(kind.recorded_at)) if kind.recorded_at is not None \
+                else kind.recorded_date
+            origin = (f"replay of {html.escape(str(kind.recording or '?').rsplit('/', 1)[-1])} "
+                      f"(recorded {html.escape(recorded)}"
+                      f" on {html.escape(kind.gpu_name or 'a GPU')}; ×{fmt(kind.speed)} speed)")
         else:
             origin = "live"
         state = feed.state or "?"
@@ -131,7 +120,7 @@ class SessionBar:
         )
         with self.ctx.lock:
             notice = self.ctx.notice
-        return state, replay, markup, what_you_can_do(state, replay, meta.get("speed")), notice
+        return state, replay, markup, what_you_can_do(state, replay, kind.speed if replay else None), notice
 
     def show(self, payload) -> None:
         state, replay, markup, hint, notice = payload

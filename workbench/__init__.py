@@ -11,8 +11,8 @@ runner inside verl) don't import the rest; importing workbench never imports ver
 from importlib import import_module
 
 _HOMES = {
-    "Session": "session", "ReadOnlySession": "session", "ApplyResult": "session", "ApplyRefused": "session",
-    "Preview": "session", "Poll": "session", "Plan": "plan", "PlanError": "plan", "Finding": "advisor",
+    "Session": "session", "ReadOnlySession": "handles", "ApplyResult": "handles", "ApplyRefused": "handles",
+    "Preview": "handles", "Poll": "handles", "Plan": "plan", "PlanError": "plan", "Finding": "advisor",
     "KNOBS": "knobs",
 }
 __all__ = sorted(_HOMES)

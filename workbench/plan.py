@@ -510,15 +510,8 @@ class Plan:
         Config keys are compared as written (an interpolation counts as unchanged), so a key that only follows
         a changed knob through an interpolation is not listed twice.
         """
-        mine, theirs = self._knob_values, other._knob_values
-        entries = []
-        explained: set[str] = set()
-        for name, knob in KNOBS.items():
-            if mine[name] != theirs[name]:
-                keys = list(knob.keys or knob.derived_keys)
-                explained.update(keys)
-                entries.append({"knob": name, "keys": keys, "old": copy.deepcopy(mine[name]),
-                                "new": copy.deepcopy(theirs[name]), "apply": knob.apply})
+        entries = self.knob_diff(other)
+        explained = {key for entry in entries for key in entry["keys"]}
         for key, old, new in verl_config.changed_keys(self.config, other.config):
             if any(key == done or key.startswith(done + ".") for done in explained):
                 continue
@@ -534,6 +527,13 @@ class Plan:
             return verl_config.read_key(self.config, key) == verl_config.read_key(other.config, key)
         except KeyError:
             return False
+
+    def knob_diff(self, other: Plan) -> list[dict[str, Any]]:
+        """The knob entries of `diff` alone (in knob-table order), without comparing the configs key by key."""
+        mine, theirs = self._knob_values, other._knob_values
+        return [{"knob": name, "keys": list(knob.keys or knob.derived_keys), "old": copy.deepcopy(mine[name]),
+                 "new": copy.deepcopy(theirs[name]), "apply": knob.apply}
+                for name, knob in KNOBS.items() if mine[name] != theirs[name]]
 
     def apply_class(self, other: Plan) -> str:
         """"hot" if every change from this plan to `other` can be applied between steps, else "restart"."""

@@ -14,197 +14,44 @@ The handle itself holds no run: kernels can come and go, the supervisor and the 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
 
 from . import control as c
+from . import history
 from . import verl_config
-from .advisor import Finding, advise, findings_frame, segment_costs
-from .knobs import KNOB_TABLE_COLUMNS, KNOBS, irrelevant_knobs, knob_defaults, knob_rows
-from .paths import new_session_dir, resolve_session_dir, sessions_root
-from .plan import PLAN_PROBLEM, Plan, PlanError
+from .advisor import Finding, advise, findings_frame
+from .handles import (HANDLE_FINAL, ApplyRefused, ApplyResult, Poll, PollCursor, Preview, ReadOnlySession,
+                      poll_since, preview_change, wait_for_answer)
+from .knobs import KNOB_TABLE_COLUMNS, irrelevant_knobs, knob_defaults, knob_rows
+from .lifecycle import (SessionKind, effective_state, failure_words, gpu_count, list_sessions, mark_lost, read_token,
+                        replay_launch, resolve_recording, spawn_supervisor, token_matches, warm_plan_checks)
+from .paths import resolve_session_dir
+from .plan import Plan, PlanError
 from .predict import Prediction, closest_cost
 from .predict import predict as predict_plan
-from .procs import end_process_session, process_alive
-from .store import APPEND_TABLES, POLL_FIELDS, STORE_FILE, Store, StoreError
+from .procs import process_alive, wait_gone
+from .store import Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
-NO_CHANGE = "no change: give knob values that differ from the plan in force"
-
-
-class ReadOnlySession(PermissionError):
-    pass
-
-
-class ApplyRefused(PlanError, RuntimeError):
-    """The supervisor refused a change (`.problems` keyed by knob, as PlanError's); nothing changed."""
-
-
-# ------------------------------------------------------------------------------------------------ preview and apply
-@dataclass(frozen=True)
-class Preview:
-    """What applying `changes` would do, judged against the plan in force; nothing was queued.
-
-    mode: "hot" | "restart" | None (no change, or invalid); diff: one {"knob", "before", "after", "apply"} per
-    changed knob; problems / warnings: knob name (or "plan") → message."""
-
-    changes: dict[str, Any]
-    mode: str | None
-    diff: list[dict[str, Any]]
-    problems: dict[str, str]
-    warnings: dict[str, str] = field(default_factory=dict)
-    messages: list[str] = field(default_factory=list)
-    prediction: Any = None  # workbench.predict.Prediction of the new plan, when a segment measured enough steps
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def __str__(self) -> str:
-        if not self.ok:
-            return "; ".join(self.problems.values())
-        return f"{self.mode}: " + ", ".join(f"{d['knob']} {d['before']!r} → {d['after']!r}" for d in self.diff)
-
-
-_HANDLE_STATE = {
-    c.QUEUED: "queued", c.TAKEN_BY_SUPERVISOR: "queued", c.ACCEPTED: "accepted", c.RESTARTING: "restarting",
-    c.APPLIED: "applied", c.RESUMED: "resumed", c.REFUSED: "refused", c.FAILED_COMMAND: "refused",
-    c.NOT_APPLIED: "not_applied",
-}
-HANDLE_FINAL = ("applied", "resumed", "refused", "not_applied")
-
-
-class ApplyResult:
-    """A change on its way: `state` goes queued → accepted → applied (hot, at `step`), or queued → restarting →
-    resumed (restart, at `step`); or ends refused (`problems` keyed by knob) or not_applied (the run ended, crashed
-    or was stopped first; `message` says which). `refresh()` reads the newest state; `wait()` until done."""
-
-    def __init__(self, session: "Session", command_id: int, mode: str | None, changes: dict[str, Any]):
-        self._session = session
-        self.command_id = command_id
-        self.mode = mode
-        self.changes = changes
-        self.state = "queued"
-        self.step: int | None = None
-        self.problems: dict[str, str] = {}
-        self.message = "queued: waiting for the supervisor"
-
-    @property
-    def done(self) -> bool:
-        return self.state in HANDLE_FINAL
-
-    def refresh(self) -> "ApplyResult":
-        command = self._session._store.command(self.command_id)
-        self._read(command["state"], json.loads(command["result"]) if command["result"] else None)
-        if not self.done and not self._session._supervisor_alive():
-            # Nobody is left to carry it out (the supervisor failed where its store could not say so, or is gone
-            # and no operator handle has marked it yet): it was not applied, whatever the store still says.
-            session = self._session
-            why = session.failure or f"session {session.id} is {session.state}"
-            self._read(c.NOT_APPLIED, {"message": f"the supervisor is gone: {why}"})
-        return self
-
-    def _read(self, state: str, result: Any) -> None:
-        self.state = _HANDLE_STATE.get(state, state)
-        result = result if isinstance(result, dict) else {"message": str(result)} if result else {}
-        self.mode = result.get("mode", self.mode)
-        self.step = result.get("step", self.step)
-        what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items())
-        if self.state in ("refused", "not_applied"):
-            self.problems = dict(result.get("problems") or {PLAN_PROBLEM: result.get("message", "refused")})
-            reason = result.get("message") or "; ".join(self.problems.values())
-            self.message = f"{'refused' if self.state == 'refused' else 'not applied'}: {reason}"
-        elif self.state == "accepted":
-            self.message = f"accepted: {what} applies at the next step boundary"
-        elif self.state == "restarting":
-            self.message = f"restarting: checkpoint at the next step boundary, then relaunch with {what}"
-        elif self.state == "applied":
-            self.message = f"applied hot: {what} from step {self.step}"
-        elif self.state == "resumed":
-            self.message = f"resumed at step {self.step} with {what}"
-        else:
-            self.message = "queued: waiting for the supervisor"
-
-    def wait(self, timeout: float = 600.0, poll: float = 0.1, until: Iterable[str] = HANDLE_FINAL) -> "ApplyResult":
-        """Refresh until the state is one of `until` (default: done); TimeoutError after `timeout` seconds."""
-        until = tuple(until)
-        deadline = time.time() + timeout
-        while self.refresh().state not in until:
-            if time.time() > deadline:
-                raise TimeoutError(f"apply {self.command_id}: still {self.state} after {timeout:.0f} s")
-            time.sleep(poll)
-        return self
-
-    def __repr__(self) -> str:
-        return f"<ApplyResult {self.command_id} {self.mode} {self.state}: {self.message}>"
-
-
-# ------------------------------------------------------------------------------------------------ poll
-@dataclass(frozen=True)
-class PollCursor:
-    """What a poll saw: the raw poll row (largest ids, revisions, raw state) and the state decoded from it."""
-
-    row: tuple
-    state: str
-
-
-@dataclass(frozen=True)
-class Poll:
-    cursor: PollCursor
-    changed: frozenset[str]  # "steps", "samples", "procs", "workers", "events", "segments", "commands", "meta"
-    since: dict[str, int]  # table -> last row id the previous cursor had seen (read only newer rows)
-    state: str
-    last_step: int | None
-
-
-_ID_FIELDS = (*APPEND_TABLES, "segments", "commands")
-_FIELD = {name: index for index, name in enumerate(POLL_FIELDS)}
-_CHANGED_BY = {"rev:meta": "meta", "rev:segments": "segments", "rev:commands": "commands", "state": "meta",
-               "supervisor_pid": "meta", "last_step": "steps"}
-
-
-def gpu_count() -> int | None:
-    """GPUs NVML sees on this machine, or None without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
 
 
 class Session:
     def __init__(self, directory: str | os.PathLike, token: str | None = None, *, read_only: bool = False):
         self.dir = Path(directory)
-        if read_only:
-            token = None
-        elif token is None:
-            try:
-                token = (self.dir / c.TOKEN_FILE).read_text().strip()
-            except (PermissionError, FileNotFoundError):
-                token = None
-        self._token = token
+        self._token = None if read_only else token if token is not None else read_token(self.dir)
         # A viewer opens the store read-only: no writes, no schema script (the session may be another user's).
-        self._store = Store(self.dir, readonly=token is None, create=False)
-        self._knobs_by_plan: dict[str, dict[str, Any]] = {}
-        if token is not None:
-            _warm_plan_checks()
+        self._store = Store(self.dir, readonly=self._token is None, create=False)
+        self._plans = history.PlanCache()
+        self._costs = history.SegmentCosts()
+        if self._token is not None:
+            warm_plan_checks()
 
     # ----------------------------------------------------------------- creating and finding sessions
     @classmethod
@@ -223,7 +70,7 @@ class Session:
             )
         plan.validate(gpu_count=gpus)
         meta = {"kind": "live", "gpu_count": gpus, "prometheus_port": prometheus_port}
-        return cls._spawn(plan, name=name, root=root, meta=meta, args=[])
+        return cls(*spawn_supervisor(plan, name=name, root=root, meta=meta, args=[]))
 
     @classmethod
     def replay(
@@ -239,48 +86,10 @@ class Session:
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
             raise ValueError(f"speed={speed!r}: a replay's speed is a positive number (recorded seconds per second)")
         recording = resolve_recording(recording)
-        recorded = Store(recording, readonly=True)
-        first = recorded.rows("segments")[0]
-        recorded_meta = recorded.meta()
-        # What the recording says about its machine (gpu_count, …) carries over; its life cycle does not.
-        meta = {k: v for k, v in recorded_meta.items() if k not in ("state", "supervisor_pid", "initial_plan", "created")}
-        meta.update(
-            kind="replay", recording=str(recording), recorded_at=recorded_meta.get("created"), speed=speed, follow=follow,
-            prometheus_port=prometheus_port,
-        )
-        recorded.close()
-        args = ["--replay", str(recording), "--speed", str(speed)]
-        if not follow:
-            args.append("--no-follow")
-        if crash_at_step is not None:
-            args += ["--crash-at-step", str(crash_at_step)]
-        return cls._spawn(Plan.from_json(first["plan_json"]), name=f"replay-{recording.name}", root=root, meta=meta, args=args)
-
-    @classmethod
-    def _spawn(cls, plan: Plan, *, name, root, meta: dict[str, Any], args: list[str]) -> "Session":
-        directory = new_session_dir(name, root)
-        token = c.new_token()
-        token_path = directory / c.TOKEN_FILE
-        token_path.touch(mode=0o600)
-        token_path.write_text(token)
-        store = Store(directory)
-        store.set_meta(created=time.time(), initial_plan=plan.to_json(), state=c.STARTING, **meta)
-        (directory / c.LOG_DIR).mkdir(mode=0o700, exist_ok=True)
-        # The plan's credentials go to the supervisor (and its runs) by environment, never into the store.
-        env = {**os.environ, **plan.secrets_env()}
-        package_root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        log_fd = os.open(directory / c.LOG_DIR / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with open(log_fd, "ab") as log:
-            # A new process session: the supervisor outlives the kernel (and page reloads) that started it.
-            supervisor = subprocess.Popen(
-                [sys.executable, "-m", "workbench.supervisor", "--session", str(directory), *args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-            )
-        # Known from the start: a supervisor that dies before it writes a word is seen gone, not "starting" for ever.
-        store.set_meta(supervisor_pid=supervisor.pid)
-        store.close()
-        return cls(directory, token)
+        plan_json, meta, args = replay_launch(recording, speed=speed, follow=follow, crash_at_step=crash_at_step)
+        meta.update(prometheus_port=prometheus_port)
+        return cls(*spawn_supervisor(Plan.from_json(plan_json), name=f"replay-{recording.name}", root=root,
+                                     meta=meta, args=args))
 
     @classmethod
     def attach(
@@ -292,19 +101,7 @@ class Session:
 
     @classmethod
     def list(cls, root: Path | None = None) -> pd.DataFrame:
-        rows = []
-        for store_path in sorted((root or sessions_root()).glob(f"*/{STORE_FILE}")):
-            store = Store(store_path, readonly=True)
-            meta = store.meta()
-            rows.append(
-                dict(
-                    id=store_path.parent.name, path=str(store_path.parent), kind=meta.get("kind"),
-                    state=_effective_state(meta, store_path.parent), created=pd.to_datetime(meta.get("created"), unit="s"),
-                    segments=store.max_id("segments"), steps=store.max_id("steps"),
-                )
-            )
-            store.close()
-        return pd.DataFrame(rows, columns=["id", "path", "kind", "state", "created", "segments", "steps"])
+        return list_sessions(root)
 
     def close(self) -> None:
         self._store.close()
@@ -323,9 +120,36 @@ class Session:
         return self._store.meta()
 
     @property
+    def kind(self) -> SessionKind:
+        """What this session runs: live, or a replay (of which recording, at what speed, following its operator)."""
+        return SessionKind.from_meta(self.meta)
+
+    def as_operator(self, token: str) -> "Session":
+        """This session's operator handle, for a token typed into a viewer's page: ReadOnlySession when it is not
+        the session's token (where this process can read the token file to compare; elsewhere the supervisor
+        refuses whatever a wrong token signs)."""
+        token = str(token or "").strip()
+        if not token_matches(self.dir, token):
+            raise ReadOnlySession(f"that is not this session's operator token: session {self.id} stays read-only")
+        return Session(self.dir, token)
+
+    def start_like(self) -> "Session":
+        """A new session with this one's plan in force, once this one has ended: a live run on this machine, or
+        the same recording replayed the same way. The operator's alone: ReadOnlySession for a viewer's handle."""
+        self._require_operator("start")
+        state = self.state
+        if state not in c.ENDED_STATES:
+            raise RuntimeError(f"session {self.id} is {state}: a session runs one verl run at a time; "
+                               "start another once it has ended")
+        kind = self.kind
+        if kind.is_replay:
+            return Session.replay(kind.recording, speed=kind.speed, follow=kind.follow)
+        return Session.start(self.plan)
+
+    @property
     def state(self) -> str:
         meta = self.meta
-        state = _effective_state(meta, self.dir)
+        state = effective_state(meta, self.dir)
         if state == c.LOST and meta.get("state") != c.LOST and self.is_operator:
             try:
                 self._mark_lost(meta)
@@ -336,31 +160,14 @@ class Session:
     @property
     def failure(self) -> str | None:
         """Why the session failed or was lost, in words; None while it runs or when it ended well."""
-        note = c.read_failure_note(self.dir)
-        if note:
-            return note
-        state = self.state
-        if state not in (c.FAILED, c.LOST):
-            return None
-        for event in reversed(self._store.rows("events")):
-            if event["kind"] in (c.EV_FAILED, c.EV_CRASH, c.EV_LOST):
-                return event["text"]
-        return _gone(self.meta, self.dir)
+        return c.read_failure_note(self.dir) or failure_words(self._store, self.state, self.dir)
 
     def _mark_lost(self, meta: dict[str, Any]) -> None:
         """The watchdog: the session says it runs but its supervisor is gone (killed, or the machine rebooted). Say
         so in the store (state lost, why, changes in flight not applied) and end what is left of its run: a live
         run's processes share the run's process session, which the supervisor no longer ends. The next operator
         handle that looks does it (a viewer can't write)."""
-        reason = _gone(meta, self.dir)
-        if meta.get("run_pid"):
-            end_process_session(int(meta["run_pid"]))
-        for command in self._store.commands_in([c.QUEUED, c.TAKEN_BY_SUPERVISOR, c.ACCEPTED, c.RESTARTING],
-                                               kinds=c.USER_COMMANDS):
-            final = c.NOT_APPLIED if command["kind"] == c.APPLY else c.FAILED_COMMAND
-            self._store.finish_command(command["id"], final, {"message": reason} if final == c.NOT_APPLIED else reason)
-        self._store.set_meta(state=c.LOST)
-        self._store.add_event(c.EV_LOST, reason, {"supervisor_pid": meta.get("supervisor_pid")})
+        mark_lost(self._store, meta, self.dir)
 
     @property
     def plan(self) -> Plan:
@@ -385,30 +192,30 @@ class Session:
 
     def _put(self, kind: str, payload: dict[str, Any] | None = None) -> int:
         self._require_operator(kind)
-        if not self._supervisor_alive():
+        if not self.supervisor_alive():
             raise RuntimeError(self._no_supervisor(kind))
         return self._store.put_command(kind, c.signed(self._token, kind, payload or {}))
 
     def _command(self, kind: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         """Queue a command and wait for the supervisor's answer; RuntimeError if it failed or was refused."""
         command_id = self._put(kind, payload)
-        deadline = time.time() + COMMAND_TIMEOUT_S
-        while time.time() < deadline:
-            alive = self._supervisor_alive()  # before reading the command: it may answer, then exit
-            cmd = self._store.command(command_id)
-            if cmd["state"] in c.ANSWERED:
-                result = json.loads(cmd["result"]) if cmd["result"] else None
-                if cmd["state"] != c.DONE:
-                    raise RuntimeError(f"{kind} {cmd['state']}: {result}")
-                return {"id": command_id, "result": result}
-            if not alive:
-                raise RuntimeError(self._no_supervisor(kind))
-            time.sleep(0.05)
-        raise TimeoutError(f"{kind}: the supervisor did not answer within {COMMAND_TIMEOUT_S:.0f} s")
+        result = wait_for_answer(self, command_id, kind, COMMAND_TIMEOUT_S, self._no_supervisor)
+        return {"id": command_id, "result": result}
 
-    def _supervisor_alive(self) -> bool:
+    def supervisor_alive(self) -> bool:
+        """Whether the session's supervisor process runs (True while it is still starting)."""
         pid = self.meta.get("supervisor_pid")
-        return pid is None or process_alive(int(pid))  # None: it is still starting
+        return pid is None or process_alive(int(pid))
+
+    def command(self, command_id: int) -> dict[str, Any]:
+        """A command's row as the store holds it (state, result JSON): what ApplyResult.refresh reads."""
+        return self._store.command(command_id)
+
+    def wait_supervisor_exit(self, timeout_s: float = 30.0) -> bool:
+        """After a stop: wait until the supervisor process has ended (its state says stopped a moment before) and,
+        where this process started it, reap it; whether it has ended."""
+        pid = self.meta.get("supervisor_pid")
+        return pid is None or wait_gone(int(pid), timeout_s)
 
     def _no_supervisor(self, kind: str) -> str:
         state, failure = self.state, self.failure
@@ -417,30 +224,20 @@ class Session:
             return f"{kind}: the supervisor of session {self.id} is gone{why}"
         return f"{kind}: session {self.id} is {state} and its supervisor has exited: nothing runs to control{why}"
 
+    def _status_words(self) -> str:
+        state, failure = self.state, self.failure  # reading the state runs the watchdog
+        return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
+
     def preview(self, changes: dict[str, Any] | None) -> Preview:
         """What applying `changes` would do (mode, diff against the plan in force, problems keyed by knob), with
         the fast checks (knob types and ranges, budgets, batch divisibility, placement); nothing is queued and
         nothing raises for bad values. verl's own config check runs once, in the supervisor, when you apply."""
-        changes = dict(changes) if isinstance(changes, dict) else changes
-        if not isinstance(changes, dict) or not changes:
-            return _refusal(changes if isinstance(changes, dict) else {}, NO_CHANGE if not changes else
-                            "changes must be a dict of knob name → value")
         state = self.state
-        if state in c.ENDED_STATES:
-            return _refusal(changes, f"session {self.id} is {state}: no run takes changes")
-        if self._store.commands_in([c.RESTARTING], kinds=[c.APPLY]):
-            return _refusal(changes, "a restart-class change is on its way; wait until it has resumed")
-        current = self.plan
-        try:
-            new = current.with_changes(changes)
-            new.validate(gpu_count=self.meta.get("gpu_count"), with_verl=False)
-        except PlanError as error:
-            return Preview(changes, None, [], error.problems, messages=error.messages)
-        diff = [{"knob": d["knob"], "before": d["old"], "after": d["new"], "apply": d["apply"]}
-                for d in current.diff(new) if d["knob"] is not None]
-        if not diff:
-            return _refusal(changes, NO_CHANGE)
-        return self._with_prediction(Preview(changes, current.apply_class(new), diff, {}), new)
+        preview, new = preview_change(
+            self.plan, changes, gpu_count=self.meta.get("gpu_count"),
+            session_words=f"session {self.id} is {state}" if state in c.ENDED_STATES else None,
+            restart_pending=bool(self._store.commands_in([c.RESTARTING], kinds=[c.APPLY])))
+        return self._with_prediction(preview, new) if new is not None else preview
 
     def apply(self, changes: dict[str, Any] | None, wait: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> ApplyResult:
         """Apply a change: returns at once with a handle (see ApplyResult). Bad changes raise PlanError (with
@@ -475,19 +272,17 @@ class Session:
         words. Stopped means stopped in every state: a failed session waiting for a rollback ends too, and one whose
         supervisor is gone (or never started) has what is left of its run ended and says why, at once."""
         self._require_operator(c.STOP)
-        if not self._supervisor_alive():
-            state, failure = self.state, self.failure  # reading the state runs the watchdog
-            return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
+        if not self.supervisor_alive():
+            return self._status_words()
         try:
             self._command(c.STOP, {"now": now, "checkpoint": checkpoint})
         except RuntimeError:
-            if self._supervisor_alive():
+            if self.supervisor_alive():
                 raise
             wait = False  # it ended meanwhile (e.g. it failed at start-up): nothing runs, as a stop wants
         if wait:
-            self.wait_until(lambda s: s.state in c.ENDED_STATES and not s._supervisor_alive(), timeout=timeout)
-        state, failure = self.state, self.failure
-        return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
+            self.wait_until(lambda s: s.state in c.ENDED_STATES and not s.supervisor_alive(), timeout=timeout)
+        return self._status_words()
 
     def telemetry(self, on: bool = True) -> None:
         """Turn the NVML sampler off or on (e.g. to measure what it costs)."""
@@ -522,27 +317,7 @@ class Session:
     def poll(self, cursor: PollCursor | None = None) -> Poll:
         """What changed since `cursor` (None: everything), in one query; nothing is decoded when nothing changed.
         Then read only the rows after `poll.since[table]` (e.g. `steps(since_id=poll.since["steps"])`)."""
-        row = self._store.poll_row()
-        last_step = row[_FIELD["last_step"]]
-        if cursor is not None and row == cursor.row:
-            # Nothing was written; only a supervisor that died says nothing: look again while the state is active.
-            state = self._poll_state(row) if cursor.state in c.ACTIVE_STATES else cursor.state
-            return Poll(PollCursor(row, state), frozenset(), {t: row[_FIELD[t]] for t in _ID_FIELDS}, state, last_step)
-        state = self._poll_state(row)
-        if cursor is None:
-            changed = frozenset({*_ID_FIELDS, "meta"})
-            since = dict.fromkeys(_ID_FIELDS, 0)
-        else:
-            changed = frozenset(
-                _CHANGED_BY.get(name, name) for name, i in _FIELD.items() if row[i] != cursor.row[i]
-            )
-            since = {t: cursor.row[_FIELD[t]] for t in _ID_FIELDS}
-        return Poll(PollCursor(row, state), changed, since, state, last_step)
-
-    def _poll_state(self, row: tuple) -> str:
-        state, pid = (row[_FIELD[name]] for name in ("state", "supervisor_pid"))
-        meta = {"state": json.loads(state) if state else c.STARTING, "supervisor_pid": json.loads(pid) if pid else None}
-        return _effective_state(meta, self.dir)
+        return poll_since(self._store.poll_row(), cursor, lambda meta: effective_state(meta, self.dir))
 
     # ----------------------------------------------------------------- data (pandas, one call away)
     def steps(self, since_id: int = 0) -> pd.DataFrame:
@@ -578,37 +353,16 @@ class Session:
     def commands(self, since_id: int = 0) -> pd.DataFrame:
         return self._store.frame("commands", since_id)
 
-    def _knobs_of(self, plan_json: str) -> dict[str, Any]:
-        if plan_json not in self._knobs_by_plan:
-            self._knobs_by_plan[plan_json] = Plan.from_json(plan_json).knob_values()
-        return self._knobs_by_plan[plan_json]
+    def segment(self, segment_id: int | None = None) -> dict[str, Any] | None:
+        """One segment's row (id, started_at, ended_at, plan_json, status, reason, resumed_from_step); None: the
+        newest. None when there is no such segment (a session still starting has none)."""
+        return self._store.segment(segment_id) if segment_id is not None else self._store.last_segment()
 
     def segments(self, since_id: int = 0) -> pd.DataFrame:
         """Every plan that ran (segments after since_id) with what changed from the segment before it and what it
         measured: diff (list of {knob, before, after}), diff_text, reason, steps, step_time_s, throughput
         (tokens/s/GPU), util_mean, sm_active_mean and mem_peak_gb of the plan's GPUs while it ran."""
-        rows = self._store.rows("segments", since_id=max(0, since_id - 1) if since_id else 0)
-        figures = self._store.step_figures(since_segment=since_id).set_index("segment_id")
-        out = []
-        previous = None
-        for seg in rows:
-            knobs = self._knobs_of(seg["plan_json"])
-            if seg["id"] > since_id:
-                before = self._knobs_of(previous["plan_json"]) if previous else {}
-                diff = [{"knob": k, "before": before[k], "after": v} for k, v in knobs.items()
-                        if previous is not None and before.get(k) != v]
-                row = {**seg, "diff": diff, "diff_text": ", ".join(f"{d['knob']}: {d['before']!r} → {d['after']!r}"
-                                                                   for d in diff)}
-                fig = figures.loc[seg["id"]] if seg["id"] in figures.index else None
-                for name in ("steps", "first_step", "last_step", "step_time_s", "throughput"):
-                    row[name] = fig[name] if fig is not None else (0 if name == "steps" else math.nan)
-                row.update(self._store.sample_figures(seg["started_at"], seg["ended_at"], gpus=knobs["gpus"]))
-                out.append(row)
-            previous = seg
-        columns = ["id", "started_at", "ended_at", "plan_json", "status", "reason", "resumed_from_step", "diff",
-                   "diff_text", "steps", "first_step", "last_step", "step_time_s", "throughput", "util_mean",
-                   "sm_active_mean", "mem_peak_gb"]
-        return pd.DataFrame(out, columns=columns)
+        return history.segments_frame(self._store, self._plans, since_id)
 
     def knob_table(self, segment: int | None = None) -> pd.DataFrame:
         """One row per knob for a segment's plan (default: the plan in force): name, group, kind, value, default,
@@ -621,32 +375,7 @@ class Session:
         """Per GPU of the plan in force: the roles the plan puts there and the roles whose processes the sampler
         saw there (with their memory), and whether they disagree. Ray picks physical GPUs inside the plan's set,
         so planned roles follow the pools in order (actor pool first, then critic, reward, rollout)."""
-        plan = self.plan
-        values = plan.knob_values()
-        roles = verl_config.roles_in_use(plan.config)
-        planned = _planned_roles(values, roles)
-        procs = self._store.latest_procs()
-        rows = []
-        for gpu, want in planned.items():
-            here = procs[procs["gpu"] == gpu]
-            seen = sorted({atom for role in here["role"] for atom in str(role).split("+")} - _NOT_A_ROLE)
-            memory = {f"{r.role} (pid {r.pid})": r.mem_used for r in here.itertuples()}
-            unexpected = sorted(set(seen) - set(want))
-            mismatch = bool(unexpected)
-            message = (f"GPU {gpu}: {', '.join(unexpected)} running here, but the plan puts "
-                       f"{', '.join(want) or 'nothing'} here") if mismatch else ""
-            rows.append({"gpu": gpu, "planned": want, "actual": seen, "processes": memory,
-                         "mem_used": float(here["mem_used"].sum()) if len(here) else math.nan,
-                         "mismatch": mismatch, "message": message})
-        for gpu in sorted(set(procs["gpu"]) - set(planned)):
-            here = procs[procs["gpu"] == gpu]
-            seen = sorted({atom for role in here["role"] for atom in str(role).split("+")} - _NOT_A_ROLE)
-            if seen:
-                rows.append({"gpu": int(gpu), "planned": [], "actual": seen,
-                             "processes": {f"{r.role} (pid {r.pid})": r.mem_used for r in here.itertuples()},
-                             "mem_used": float(here["mem_used"].sum()), "mismatch": True,
-                             "message": f"GPU {gpu} is outside the plan, but {', '.join(seen)} runs there"})
-        return pd.DataFrame(rows, columns=["gpu", "planned", "actual", "processes", "mem_used", "mismatch", "message"])
+        return history.placement_frame(self.plan, self._store.latest_procs())
 
     def _plan_of(self, segment: int | None) -> Plan:
         return Plan.from_json(self._store.segment(segment)["plan_json"]) if segment else self.plan
@@ -654,23 +383,11 @@ class Session:
     def export(self, format: str = "overrides", segment: int | None = None) -> str | list[str]:
         """The plan of a segment (default: the one in force) as Hydra overrides, YAML or a command line. YAML and
         command start with what this machine needed that verl's defaults don't do on their own."""
-        plan = self._plan_of(segment)
-        if format == "overrides":
-            return plan.to_overrides()
-        if format not in ("yaml", "command"):
-            raise ValueError(f"unknown export format {format!r}: choose one of overrides, yaml, command")
-        body = plan.to_yaml() if format == "yaml" else plan.to_command()
-        header = self.machine_notes()
-        return "".join(f"# {line}\n" for line in header) + body
+        return history.plan_export(self._plan_of(segment), format, self.machine_notes)
 
     def machine_notes(self) -> list[str]:
         """What runs of this session needed that plain verl does not do on this machine (the runner's notes)."""
-        notes = [text for text in dict.fromkeys(self._store.frame("events").query("kind == @c.EV_RUNTIME")["text"])]
-        if any("flash-attn" in note for note in notes):
-            notes.append("verl 0.9.1's critic loader asks for flash_attention_2 whatever the config says: without "
-                         "flash-attn, plain verl's critic fails to load (the workbench patches it to sdpa in its "
-                         "Ray workers)")
-        return notes
+        return history.machine_notes(self._store.frame("events"))
 
     def knob_values(self, segment: int | None = None) -> dict[str, Any]:
         """Every knob's value in a segment's plan (default: the one in force), defaults included."""
@@ -695,29 +412,12 @@ class Session:
         cache, CUDA graphs), first step — read from the segment's log by its own timestamps (workbench/startup.py),
         from the segment's launch to its first step's row. Default: the newest launched segment; a hot-applied
         segment ran in the process its predecessor launched, so that launch is the one shown."""
-        from .startup import parse_startup, read_log
-
-        rows = {r["id"]: r for r in self._store.rows("segments")}
-        ids = sorted(i for i in rows if (segment is None or i <= segment))
-        logs = [i for i in ids if (self.dir / c.LOG_DIR / f"segment-{i}.log").exists()]
-        if not logs:
-            raise FileNotFoundError(f"session {self.id}: no segment log{'' if segment is None else f' up to segment {segment}'} "
-                                    f"in {self.dir / c.LOG_DIR} (recordings carry no logs)")
-        launched = logs[-1]
-        steps = self.steps()
-        first = steps.loc[steps["segment_id"] == launched, "t"] if len(steps) else steps
-        return parse_startup(read_log(self.dir / c.LOG_DIR / f"segment-{launched}.log"),
-                             launched_at=rows[launched]["started_at"],
-                             first_step_end=float(first.min()) if len(first) else None)
+        return history.startup_phases(self._store, self.dir, self.steps(), segment)
 
     # ----------------------------------------------------------------- what-if and live tuning (predict.py, tune.py)
     def segment_costs(self) -> list:
         """The what-if model's calibration: each segment with enough measured steps (cached until a new step)."""
-        newest = self._store.max_id("steps")
-        if getattr(self, "_costs", (None,))[0] != newest:
-            knobs = {row["id"]: self._knobs_of(row["plan_json"]) for row in self._store.rows("segments")}
-            self._costs = (newest, segment_costs(self.steps(), self.samples(), knobs))
-        return self._costs[1]
+        return self._costs.get(self._store, self._plans)
 
     def predict(self, changes: dict[str, Any]) -> Prediction | None:
         """The plan in force with `changes`: step time per phase and peak GPU memory, with an uncertainty, from
@@ -742,78 +442,6 @@ class Session:
         from .tune import tune
 
         return tune(self, knobs, **options)
-
-
-_NOT_A_ROLE = {"driver", "other", "agent_loop"}
-
-
-def _planned_roles(values: dict[str, Any], roles: verl_config.RolesInUse) -> dict[int, list[str]]:
-    gpus = list(values["gpus"])
-    pools = [("critic", values["critic_gpus"]), ("reward", values["reward_gpus"]), ("rollout", values["rollout_gpus"])]
-    actor = ["actor_rollout_ref", "rollout"]
-    if roles.critic and not values["critic_gpus"]:
-        actor.append("critic")
-    if roles.reward_model and not values["reward_gpus"]:
-        actor.append("reward")
-    actor_count = len(gpus) - sum(n for _, n in pools)
-    planned = {gpu: sorted(actor) for gpu in gpus[:actor_count]}
-    at = actor_count
-    for role, count in pools:
-        planned.update({gpu: [role] for gpu in gpus[at:at + count]})
-        at += count
-    return planned
-
-
-def _refusal(changes: dict[str, Any], message: str) -> Preview:
-    return Preview(changes, None, [], {PLAN_PROBLEM: message}, messages=[message])
-
-
-_warming = threading.Lock()
-_warmed = False
-
-
-def _warm_plan_checks() -> None:
-    """Import what the plan checks need (verl's role rules pull in torch: seconds) in the background, once per
-    process, so an operator's first preview does not wait for it."""
-    global _warmed
-    with _warming:
-        if _warmed:
-            return
-        _warmed = True
-    threading.Thread(target=verl_config.warm, name="warm-plan-checks", daemon=True).start()
-
-
-def _effective_state(meta: dict[str, Any], directory: Path) -> str:
-    """The recorded state; "failed" when the supervisor left a failure note (its store could not take the state);
-    "lost" when it says active but its supervisor process is gone."""
-    state = meta.get("state", c.STARTING)
-    if state in c.ACTIVE_STATES and c.read_failure_note(directory):
-        return c.FAILED
-    pid = meta.get("supervisor_pid")
-    if state in c.ACTIVE_STATES and pid is not None and not process_alive(int(pid)):
-        return c.LOST
-    return state
-
-
-def _gone(meta: dict[str, Any], directory: Path) -> str:
-    """Why a supervisor that left no word is gone, as far as its log tells."""
-    try:
-        last = (directory / c.LOG_DIR / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:]
-    except OSError:
-        last = []
-    return (f"the supervisor (pid {meta.get('supervisor_pid')}) is gone without a word (killed?)"
-            + (f"; its log ends: {last[0].strip()}" if last else ""))
-
-
-def resolve_recording(recording: str | os.PathLike) -> Path:
-    """A recording by path or by name under workbench/assets/recordings/."""
-    path = Path(recording)
-    if (path / STORE_FILE).exists():
-        return path
-    bundled = Path(__file__).resolve().parent / "assets" / "recordings" / str(recording)
-    if (bundled / STORE_FILE).exists():
-        return bundled
-    raise FileNotFoundError(f"{recording}: no recorded session there (expected {STORE_FILE})")
 
 
 __all__ = ["Session", "ApplyResult", "ApplyRefused", "Preview", "Poll", "PollCursor", "ReadOnlySession", "PlanError",

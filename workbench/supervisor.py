@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 from . import checkpoints
 from . import control as c
 from . import verl_config
+from .handles import judge_change
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .procs import end_child, kill_tree
 from .runner.runtime import (ACTOR_HF_ENV, CRITIC_GPUS_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV,
@@ -252,16 +253,12 @@ class Supervisor:
             raise RuntimeError("a restart-class change is already pending; wait for it to take effect")
         if not payload.get("changes"):
             raise PlanError([f"{PLAN_PROBLEM}: no change given"])
-        current = self.current_plan()
-        new = current.with_changes(payload["changes"])
-        new.validate(gpu_count=payload.get("gpu_count"), with_verl=isinstance(run, LiveRun))
+        judged = judge_change(self.current_plan(), payload["changes"], gpu_count=payload.get("gpu_count"),
+                              with_verl=isinstance(run, LiveRun))
+        new, mode, changes = judged.new, judged.mode, judged.changes
         reason = run.cannot_apply(new)
         if reason:
             raise RuntimeError(reason)
-        changes = {d["knob"]: d["new"] for d in current.diff(new) if d["knob"] is not None}
-        if not changes:
-            raise PlanError([f"{PLAN_PROBLEM}: no change: every value is already in force"])
-        mode = current.apply_class(new)
         answer = {"mode": mode, "changes": changes}
         if mode == "hot":
             self.directive(c.RUNNER_HOT_APPLY, {"changes": changes, "plan_json": new.to_json(), "command": command_id})

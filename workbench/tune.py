@@ -25,17 +25,43 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import optuna
 import pandas as pd
 
 from . import predict as what_if
 from .knobs import ALGORITHM_KNOBS, KNOBS
-from .plan import PlanError
+from .handles import ApplyResult, Preview
+from .plan import Plan, PlanError
 
-# `session` below is a workbench.session.Session (not imported: Session.tune imports this module).
-Session = Any
+
+
+class Session(Protocol):
+    """The part of workbench.session.Session a tuner uses: its public API, nothing else. (Session.tune imports
+    this module, so importing session here would close an import circle; Session satisfies this protocol.)"""
+
+    dir: Path
+    is_operator: bool
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    def preview(self, changes: dict[str, Any] | None) -> Preview: ...
+
+    def apply(self, changes: dict[str, Any] | None, wait: bool = False) -> ApplyResult: ...
+
+    def pause(self) -> None: ...
+
+    def steps(self, since_id: int = 0) -> pd.DataFrame: ...
+
+    def segment(self, segment_id: int | None = None) -> dict[str, Any] | None: ...
+
+    def segment_costs(self) -> list: ...
 
 STUDY_FILE = "tune.sqlite3"
 POLL_S = 0.2
@@ -179,11 +205,11 @@ class _Trials:
                 f"the run ended after {len(measured)} measured step(s)"}
 
     def _last_segment(self) -> int:
-        rows = self.session._store.rows("segments")
-        return rows[-1]["id"] if rows else 0
+        newest = self.session.segment()
+        return newest["id"] if newest else 0
 
     def _segment_row(self, segment: int) -> dict[str, Any]:
-        return self.session._store.segment(segment) or {}
+        return self.session.segment(segment) or {}
 
     def _steps_of(self, segment: int) -> pd.DataFrame:
         steps = self.session.steps()

@@ -15,8 +15,6 @@ import sys
 import time
 import webbrowser
 
-import psutil
-
 from .args import port, positive_int, positive_number
 from .serve import (DEFAULT_PORT, MAX_PAGES, PAGE_GRACE_S, DashboardServer, check_port, page_url,
                     raise_on_sigterm)
@@ -49,7 +47,7 @@ def add_up_commands(subparsers) -> None:
 
 
 def live_possible() -> tuple[bool, str]:
-    from ..session import gpu_count
+    from ..lifecycle import gpu_count
 
     if not gpu_count():
         return False, "no NVIDIA GPU here"
@@ -147,11 +145,7 @@ def run_up(args: argparse.Namespace) -> int:
         if started_here:
             try:
                 session.stop(now=True)
-                supervisor = session.meta.get("supervisor_pid")
-                if supervisor is not None:  # its state says stopped a moment before its process ends
-                    psutil.wait_procs([psutil.Process(int(supervisor))], timeout=30)
-            except psutil.NoSuchProcess:
-                pass
+                session.wait_supervisor_exit(timeout_s=30)  # its state says stopped a moment before it ends
             except (RuntimeError, TimeoutError) as e:
                 print(f"stopping session {session.id}: {e}", file=sys.stderr, flush=True)
             print(f"session {session.id} {session.state}; its data stays in {session.dir}", flush=True)
