@@ -403,7 +403,7 @@ def test_file_size_limit(home):
 # ------------------------------------------------------------------------------------------------ a live run's tree
 FAKE_SUPERVISOR = """
 import os, subprocess, sys, time
-from workbench.runner.runtime import SUPERVISOR_PID_ENV
+from workbench.control import SUPERVISOR_PID_ENV
 run = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True,
                        env={**os.environ, SUPERVISOR_PID_ENV: str(os.getpid())})
 print(run.pid, flush=True)
@@ -411,7 +411,7 @@ time.sleep(600)
 """
 FAKE_RUN = """
 import subprocess, sys, time
-from workbench.runner.runtime import die_with_supervisor
+from workbench.procs import die_with_supervisor
 die_with_supervisor()
 print("ready", flush=True)
 time.sleep(600)

@@ -33,7 +33,7 @@ def _finished(home: Path) -> Session:
     """A session that ran to its end: the bundled 8-step recording, replayed fast, following its recorded stop."""
     session = Session.replay("h200-lora-critic-sync", speed=400)
     session.wait_until(lambda s: s.state in c.ENDED_STATES, timeout=TIMEOUT, poll=0.1)
-    session.wait_until(lambda s: not s._supervisor_alive(), timeout=TIMEOUT, poll=0.1)
+    session.wait_until(lambda s: not s.supervisor_alive(), timeout=TIMEOUT, poll=0.1)
     assert session.state in (c.STOPPED, c.FINISHED), session.events()[["kind", "text"]].to_string()
     return session
 

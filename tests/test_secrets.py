@@ -189,7 +189,7 @@ def test_a_session_writes_no_secret_and_no_token_and_keeps_to_its_owner(home, mo
     session = Session._spawn(plan, name="secret", root=None, meta={"kind": "replay", "recording": str(recording)},
                              args=["--replay", str(recording), "--speed", "400"])
     assert session.plan.secrets == {}  # what the store holds is the redacted plan
-    session.wait_until(lambda s: s.state in c.ENDED_STATES and not s._supervisor_alive(), timeout=120, poll=0.1)
+    session.wait_until(lambda s: s.state in c.ENDED_STATES and not s.supervisor_alive(), timeout=120, poll=0.1)
     token = (session.dir / c.TOKEN_FILE).read_text().strip()
     session.export("command"), session.export("yaml")
     session.close()

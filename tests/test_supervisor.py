@@ -7,7 +7,7 @@ import time
 import psutil
 
 from workbench.procs import end_child, end_process_session, kill_tree, process_alive, session_members
-from workbench.supervisor import looks_like_oom, traceback_tail
+from workbench.runs import looks_like_oom, traceback_tail
 
 # A session leader that leaves an orphan behind (re-parented to init), like a crashed Ray driver leaves its workers.
 ORPHAN_MAKER = """
@@ -74,8 +74,8 @@ def test_commands_are_signed_and_a_copied_signature_is_refused():
 
 def test_restart_environment_says_what_a_relaunch_cannot_carry_over(tmp_path):
     from workbench.plan import Plan
-    from workbench.runner.runtime import ACTOR_HF_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
-    from workbench.supervisor import restart_environment
+    from workbench.control import ACTOR_HF_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV
+    from workbench.runs import restart_environment
 
     base = Plan.from_verl(["trainer.n_gpus_per_node=2"]).with_changes({"gpus": [0, 1]})
     same_shape = base.with_changes({"trainer_mode": "colocate_async"})

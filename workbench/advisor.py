@@ -25,7 +25,7 @@ import pandas as pd
 from . import predict as what_if
 from .knobs import MICRO_BATCH_KNOBS, knobs_in_group
 from .knobs import TOKEN_BUDGET_KNOBS as BUDGET_KNOBS
-from .runner.replay_buffer import REPLAY_POLL_S
+from .control import REPLAY_POLL_S
 from .store import SAMPLE_COLUMNS
 from .telemetry.balance import THRESHOLDS as BALANCE_THRESHOLDS
 from .telemetry.balance import balance_frame

@@ -82,6 +82,20 @@ CONFIG_DIR = "configs"
 def segment_config_path(session_dir: Path, segment_id: int) -> Path:
     return Path(session_dir) / CONFIG_DIR / f"segment-{segment_id}.yaml"
 
+# ------------------------------------------------------------------------------------------------ a run's environment
+# How the supervisor tells a run (and, through Ray's runtime env, the trainer inside it) what to do.
+SESSION_ENV = "WORKBENCH_SESSION_DIR"
+SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
+CRITIC_GPUS_ENV = "WORKBENCH_CRITIC_GPUS"
+SKIP_CRITIC_RESUME_ENV = "WORKBENCH_SKIP_CRITIC_RESUME"  # the critic's architecture changed: start it afresh
+ACTOR_HF_ENV = "WORKBENCH_ACTOR_HF"  # the GPU count changed: start from these exported actor weights
+STEP_OFFSET_ENV = "WORKBENCH_STEP_OFFSET"  # steps already trained before a restart from HF weights
+SUPERVISOR_PID_ENV = "WORKBENCH_SUPERVISOR_PID"  # the supervisor that started the run: the run dies with it
+# How often the runner polls verl's V1 replay buffer for finished rollouts (verl's own: 2 s; runner/replay_buffer.py
+# says why), and the variable that sets another interval. The advisor quotes it.
+REPLAY_POLL_S = 0.05
+REPLAY_POLL_ENV = "VERL_WORKBENCH_REPLAY_POLL_S"
+
 # ------------------------------------------------------------------------------------------------ metrics
 # The runner adds the token budgets in force to every step's metrics under this prefix.
 BUDGET_METRIC_PREFIX = "workbench/budget/"

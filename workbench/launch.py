@@ -14,7 +14,7 @@ import sys
 from .paths import new_session_dir
 from .plan import Plan
 from .store import Store
-from .supervisor import write_segment_config
+from .runs import write_segment_config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,13 +7,19 @@ memory: the session scan finds those where a walk of the process tree cannot.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 from typing import Iterable
 
 import psutil
 
+from .control import SUPERVISOR_PID_ENV
+
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel ends a process at once, this only covers reaping
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def session_members(sid: int) -> list[psutil.Process]:
@@ -92,3 +98,17 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
     except psutil.NoSuchProcess:
         return True
     return not alive
+
+
+def die_with_supervisor() -> None:
+    """Have the kernel SIGKILL this process (a run, a sampler) the moment the supervisor that started it dies (Linux
+    PR_SET_PDEATHSIG), and end now if it is gone already: a supervisor killed with SIGKILL must not leave a verl run
+    holding the GPUs. The run sits in a process session of its own, out of reach of signals to the supervisor's;
+    Ray's processes share the fate of their driver, the run. Elsewhere (no prctl) the watchdog ends the run
+    (Session marks it lost)."""
+    expected = os.environ.get(SUPERVISOR_PID_ENV)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(expected):
+        raise SystemExit(f"the supervisor (pid {expected}) that started this run is gone: not starting")

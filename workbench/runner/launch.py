@@ -2,7 +2,7 @@
 
 Whoever launches the run (the supervisor, or `python -m workbench.launch` for a plan run from the command line) has
 written the segment's composed verl config (control.segment_config_path) and set the run's environment
-(runtime.CRITIC_GPUS_ENV, credentials): the runner reads no plan. verl's `run_ppo` never shuts Ray down, so each
+(control.CRITIC_GPUS_ENV, credentials): the runner reads no plan. verl's `run_ppo` never shuts Ray down, so each
 segment runs in its own process, and ending this process tree is what frees the GPUs.
 """
 
@@ -20,7 +20,9 @@ from verl.utils.config import validate_config
 
 from .. import control as c
 from ..store import Store
-from .runtime import SEGMENT_ENV, SESSION_ENV, die_with_supervisor, runtime_config
+from ..control import SEGMENT_ENV, SESSION_ENV
+from ..procs import die_with_supervisor
+from .runtime import runtime_config
 from .task_runner import WorkbenchTaskRunner
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-REPLAY_POLL_S = 0.05
-POLL_ENV = "VERL_WORKBENCH_REPLAY_POLL_S"
+from ..control import REPLAY_POLL_ENV as POLL_ENV
+from ..control import REPLAY_POLL_S
+
 KEEPS_VERL_POLL = ("separate_async",)
 
 

@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import sys
 from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import redact
+from ..control import ACTOR_HF_ENV, CHECKPOINT_DIR
 from .worker_hooks import flash_attn_available
 
 SETUP_HOOK = "workbench.runner.worker_hooks.setup"
-CHECKPOINT_DIR = "checkpoints"
-# How the supervisor tells a run (and, through Ray's runtime env, the trainer inside it) what to do.
-SESSION_ENV = "WORKBENCH_SESSION_DIR"
-SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
-CRITIC_GPUS_ENV = "WORKBENCH_CRITIC_GPUS"
-SKIP_CRITIC_RESUME_ENV = "WORKBENCH_SKIP_CRITIC_RESUME"  # the critic's architecture changed: start it afresh
-ACTOR_HF_ENV = "WORKBENCH_ACTOR_HF"  # the GPU count changed: start from these exported actor weights
-STEP_OFFSET_ENV = "WORKBENCH_STEP_OFFSET"  # steps already trained before a restart from HF weights
-SUPERVISOR_PID_ENV = "WORKBENCH_SUPERVISOR_PID"  # the supervisor that started the run: the run dies with it
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_supervisor() -> None:
-    """Have the kernel SIGKILL this run the moment the supervisor that started it dies (Linux PR_SET_PDEATHSIG), and
-    end now if it is gone already: a supervisor killed with SIGKILL must not leave a verl run holding the GPUs. The
-    run sits in a process session of its own, out of reach of signals to the supervisor's; Ray's processes share
-    the fate of their driver, this process. Elsewhere (no prctl) the watchdog ends the run (Session marks it lost)."""
-    expected = os.environ.get(SUPERVISOR_PID_ENV)
-    if not expected or not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(expected):
-        raise SystemExit(f"the supervisor (pid {expected}) that started this run is gone: not starting")
 
 
 def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, list[str]]:

@@ -36,7 +36,7 @@ from ..knobs import DYNAMIC_BSZ_INFO, KNOBS, TOKEN_BUDGET_KNOBS, budget_of_call,
 from ..store import Store
 from . import levers
 from .replay_buffer import shorten_poll
-from .runtime import CRITIC_GPUS_ENV, SEGMENT_ENV, SESSION_ENV, SKIP_CRITIC_RESUME_ENV, STEP_OFFSET_ENV, milestone
+from .runtime import milestone
 
 # The knobs the runner changes between steps, and the verl keys each sets (all of them): the hot knobs of the table.
 HOT_KNOB_KEYS = {name: knob.keys for name, knob in KNOBS.items() if knob.apply == "hot"}
@@ -76,7 +76,7 @@ class WorkbenchTrainerMixin:
     # ----------------------------------------------------------------- placement
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
-        critic_gpus = int(os.environ.get(CRITIC_GPUS_ENV, "0") or 0)
+        critic_gpus = int(os.environ.get(c.CRITIC_GPUS_ENV, "0") or 0)
         if critic_gpus <= 0 or Role.Critic not in self.mapping:
             return
         spec = dict(self.resource_pool_manager.resource_pool_spec)
@@ -95,12 +95,12 @@ class WorkbenchTrainerMixin:
     # ----------------------------------------------------------------- life cycle
     def on_init_end(self):
         super().on_init_end()
-        self._wb_store = Store(os.environ[SESSION_ENV])
-        self._wb_step_offset = int(os.environ.get(STEP_OFFSET_ENV, "0") or 0)
+        self._wb_store = Store(os.environ[c.SESSION_ENV])
+        self._wb_step_offset = int(os.environ.get(c.STEP_OFFSET_ENV, "0") or 0)
         self._wb_boundary = StepBoundary(
-            self._wb_store, int(os.environ[SEGMENT_ENV]), hot_apply=self._wb_hot_apply,
+            self._wb_store, int(os.environ[c.SEGMENT_ENV]), hot_apply=self._wb_hot_apply,
             checkpoint=self._wb_checkpoint, end_run=self._wb_end_run,
-            token=(Path(os.environ[SESSION_ENV]) / c.TOKEN_FILE).read_text().strip(),
+            token=(Path(os.environ[c.SESSION_ENV]) / c.TOKEN_FILE).read_text().strip(),
         )
         self._wb_record_workers()
         self._wb_store.add_event(
@@ -114,7 +114,7 @@ class WorkbenchTrainerMixin:
     def _load_checkpoint(self):
         # A critic whose architecture changed (LoRA on/off) can't load the old critic's shards: resume the actor,
         # the data position and the step count, and start the critic afresh (the supervisor says so in an event).
-        if os.environ.get(SKIP_CRITIC_RESUME_ENV) != "1" or not self.use_critic:
+        if os.environ.get(c.SKIP_CRITIC_RESUME_ENV) != "1" or not self.use_critic:
             return super()._load_checkpoint()
         self.use_critic = False
         try:
@@ -284,7 +284,7 @@ class WorkbenchTrainerMixin:
         return response_from_nested(data["log_probs"], mask).values()[mask.values().bool()].float().cpu()
 
     def _wb_checkpoint(self, step: int) -> str:
-        made_room = checkpoints.words(checkpoints.make_room(os.environ[SESSION_ENV]))
+        made_room = checkpoints.words(checkpoints.make_room(os.environ[c.SESSION_ENV]))
         t0 = time.time()
         self._save_checkpoint()
         seconds = time.time() - t0

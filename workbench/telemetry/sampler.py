@@ -14,7 +14,7 @@ import sys
 import threading
 
 from ..paths import resolve_session_dir
-from ..runner.runtime import die_with_supervisor
+from ..procs import die_with_supervisor
 from ..store import Store
 from .nvml import NvmlReader, NvmlUnavailable, parse_gpu_list
 from .sampling import EVENT_KIND, EXIT_NO_NVML, Sampler
