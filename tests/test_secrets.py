@@ -175,7 +175,8 @@ def test_a_session_writes_no_secret_and_no_token_and_keeps_to_its_owner(home, mo
     h200-lora-critic-sync plus an API key, so that it replays on a CPU): no file it writes holds the credential,
     none but the token file holds the operator token, and every file and directory is its owner's alone."""
     from workbench import control as c
-    from workbench.session import Session, resolve_recording
+    from workbench.lifecycle import resolve_recording, spawn_supervisor
+    from workbench.session import Session
 
     recording = resolve_recording("h200-lora-critic-sync")
     db = sqlite3.connect(f"file:{recording / 'session.sqlite'}?mode=ro", uri=True)
@@ -186,8 +187,9 @@ def test_a_session_writes_no_secret_and_no_token_and_keeps_to_its_owner(home, mo
     plan = Plan.from_json(json.dumps(document))
     assert plan.secrets == {ENV_KEY: TEST_SECRET}
     monkeypatch.setenv("WANDB_API_KEY", TEST_SECRET)  # and one in the kernel's environment, as a user may have
-    session = Session._spawn(plan, name="secret", root=None, meta={"kind": "replay", "recording": str(recording)},
-                             args=["--replay", str(recording), "--speed", "400"])
+    session = Session(*spawn_supervisor(plan, name="secret", root=None,
+                                        meta={"kind": "replay", "recording": str(recording)},
+                                        args=["--replay", str(recording), "--speed", "400"]))
     assert session.plan.secrets == {}  # what the store holds is the redacted plan
     session.wait_until(lambda s: s.state in c.ENDED_STATES and not s.supervisor_alive(), timeout=120, poll=0.1)
     token = (session.dir / c.TOKEN_FILE).read_text().strip()
