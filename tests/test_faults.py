@@ -294,7 +294,7 @@ def _prepared(home: Path) -> Path:
 
 
 def _supervisor(directory: Path, *args: str, prefix: tuple[str, ...] = ()) -> int:
-    """Run a supervisor on a prepared session the way Session._spawn does (its pid recorded); its exit code."""
+    """Run a supervisor on a prepared session the way Session.start does (its pid recorded); its exit code."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     with open(directory / c.LOG_DIR / "supervisor.log", "ab") as log:
         supervisor = subprocess.Popen([*prefix, sys.executable, "-m", "workbench.supervisor", "--session",

@@ -49,12 +49,13 @@ class TimeAxis:
     replay: bool = False
 
     @classmethod
-    def of(cls, meta: dict[str, Any], first_t: float | None = None) -> "TimeAxis":
+    def of(cls, meta: dict[str, Any], kind: Any, first_t: float | None = None) -> "TimeAxis":
+        """The axis of a session with this meta and kind (its SessionKind: a replay's time runs `speed` times
+        faster)."""
         start = meta.get("created")
         start = float(start) if isinstance(start, (int, float)) else float(first_t if first_t is not None else time.time())
-        if meta.get("kind") == "replay":
-            speed = meta.get("speed")
-            return cls(start, float(speed) if isinstance(speed, (int, float)) and speed > 0 else 1.0, replay=True)
+        if kind is not None and kind.is_replay:
+            return cls(start, kind.time_scale, replay=True)
         return cls(start)
 
     def minutes(self, t) -> np.ndarray:

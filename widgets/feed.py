@@ -69,12 +69,11 @@ def bucket_seconds(window_s: float, floor: float = 0.1) -> float:
     return floor * 2 ** max(0, math.ceil(math.log2(max(window_s / SAMPLE_BUCKETS / floor, 1e-9))))
 
 
-def sample_window_s(meta: dict[str, Any], window_min: float | None, now: float | None = None) -> float:
+def sample_window_s(meta: dict[str, Any], kind: Any, window_min: float | None, now: float | None = None) -> float:
     """Wall seconds of samples the charts show: the last `window_min` minutes of the session's time (recorded
     minutes in a replay, which plays them `speed` times faster), or with None / 0 the whole session so far, rounded
     up to a power of two minutes (so that the window, and its cached buckets, changes rarely)."""
-    speed = meta.get("speed") if meta.get("kind") == "replay" else 1.0
-    speed = float(speed) if isinstance(speed, (int, float)) and speed > 0 else 1.0
+    speed = kind.time_scale if kind is not None else 1.0  # kind: the session's SessionKind
     if window_min:
         return float(window_min) * 60.0 / speed
     created = meta.get("created")
@@ -135,7 +134,7 @@ class Feed:
             if len(new):
                 self.events = _append(self.events, new, keep=EVENTS_KEPT)
                 news.add("events")
-        self.window_s = sample_window_s(self.meta, self.window_min)
+        self.window_s = sample_window_s(self.meta, self.kind, self.window_min)
         every = bucket_seconds(self.window_s)
         if self._buckets is None or self._buckets.every_s != every:
             self._buckets = Buckets(every)

@@ -71,7 +71,7 @@ class ThroughputPanel:
         payload = {}
         if news & {"steps", "events", "segments", "meta"}:
             first = float(feed.steps["t"].iloc[0]) if len(feed.steps) else None
-            payload["chart"] = throughput_figure(feed.steps, feed.events, feed.segments, TimeAxis.of(feed.meta, first))
+            payload["chart"] = throughput_figure(feed.steps, feed.events, feed.segments, TimeAxis.of(feed.meta, feed.kind, first))
         if "segments" in news and len(feed.segments):
             rows, classes = segment_rows(feed.segments)
             payload["table"] = table([h for _, h in SEGMENT_COLUMNS], rows, row_classes=classes,

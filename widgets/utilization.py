@@ -93,7 +93,7 @@ class UtilizationPanel:
             return None
         first = float(feed.samples["t"].min()) if len(feed.samples) else None
         return utilization_figure(feed.samples, feed.events, feed.segments, metric, window_min,
-                                  TimeAxis.of(feed.meta, first))
+                                  TimeAxis.of(feed.meta, feed.kind, first))
 
     def show(self, payload) -> None:
         self.chart.draw(*payload)

@@ -45,6 +45,11 @@ class SessionKind:
     def is_replay(self) -> bool:
         return self.name == REPLAY
 
+    @property
+    def time_scale(self) -> float:
+        """Recorded seconds per wall-clock second: a replay's speed, 1 for a live run."""
+        return self.speed if self.is_replay and self.speed and self.speed > 0 else 1.0
+
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> "SessionKind":
         """The kind a session's meta records (a session from before kinds were recorded is live)."""
