@@ -25,6 +25,9 @@ DATA = Path(__file__).parent / "data" / "h200_2026-11-30"
 NODE = "h200-reference"
 GPU_NAME = "NVIDIA H200"
 HOT_NEIGHBOUR_BUDGET = 8192
+# Qwen2.5-0.5B's shape, which the runs trained (ppo_cmd.sh; the recordings' meta says the same).
+QWEN_05B_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                      intermediate_size=4864, vocab_size=151936)
 # compare.sh: what plan B changes from plan A.
 TUNED_CHANGES = {
     "use_dynamic_bsz": True, "actor_token_budget": 24576, "critic_token_budget": 49152,
@@ -120,6 +123,8 @@ def build_recording(directory: Path, model: Path) -> Path:
     store.set_meta(
         created=run_a["start"], kind="live", state="finished", initial_plan=plan["A"].to_json(), gpu_count=1,
         gpu_name=GPU_NAME, fixture="synthetic session assembled from real H200 measurements (tests/data/README.md)",
+        # The measured runs' model (the plans point at the tiny model only so that they validate on a CPU).
+        model_shape={**QWEN_05B_SHAPE, "architectures": ["Qwen2ForCausalLM"]},
     )
     _add_segment(store, plan["A"], run_a, 0.0, "start")
     _add_segment(store, plan["B"], run_b, 0.0, "tuned plan (a separate run)")

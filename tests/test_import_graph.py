@@ -18,6 +18,8 @@ FORBIDDEN = {
     "workbench.runner": ("workbench.plan", "workbench.session", "workbench.supervisor", "workbench.cli"),
     "workbench.replay": ("workbench.supervisor", "workbench.session"),
     "workbench.advisor": ("workbench.session",),
+    "workbench.advice": ("workbench.session", "workbench.advisor"),
+    "workbench.memory": ("workbench.session", "workbench.advisor", "workbench.predict"),
     # The CLI is a view: it reads and controls sessions through Session, never the processes behind it.
     "workbench.cli": ("workbench.supervisor", "workbench.replay", "workbench.runner", "workbench.boundary"),
 }

@@ -8,15 +8,10 @@ exists the factor is 1 and the knob is listed as unmodelled with a wider uncerta
 
 Priors come from real verl 0.9.1 runs on one H200 (0.5B-shaped Qwen2, 256 prompts × up to 512+512 tokens,
 tests/data/README.md) or, where no run measured a lever, from how verl computes it (said so in the source).
-Memory: the trainer's peak (PyTorch's max reserved) is a static part (weights, gradients, optimizer state: the
-measured peak less the variable part) plus, per 1 000 tokens of the largest micro batch, activations
-(ACTIVATION_GB_PER_KTOKEN, with or without gradient checkpointing) and, unless fused kernels compute log-probs in
-chunks, the full-vocabulary logits (LOGITS_GB_PER_KTOKEN: fp32 log-softmax over Qwen2.5's 151 936-token vocabulary
-and its gradient, ~1.2 MB a token). Fit on the 0.5B shape's real H200 runs: quickstart 27.0 GB at 8 192 tokens,
-fused with checkpointing 21.7 GB at 32 768 (h200-tuning), fused without 68.4 GB at 32 768, 4 096 → 32 768 tokens
-26.2 → 61.5 GB (h200-proof); other shapes and vocabularies differ (MEMORY_UNCERTAINTY). The GPU peak is the larger
-of the generation-time peak (the measured NVML peak moved by the rollout engine's memory share) and the
-training-time peak (trainer + context).
+Memory comes from workbench.memory: a model of what each role keeps per parameter and each pass per token, from
+the model's dimensions, calibrated on the session's own segments (workbench.memory_fit) — so it scales with the
+model. A prediction carries its memory band; `fits` says whether the peak, band included, stays under the
+out-of-memory line.
 """
 
 from __future__ import annotations
@@ -25,20 +20,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import numpy as np
 import pandas as pd
 
+from . import memory, memory_fit
 from .knobs import PHASES, model_groups
 
 PER_TOKEN_PHASES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 MIB_PER_GIB = 1024.0
-LOGITS_GB_PER_KTOKEN = 1.2
-ACTIVATION_GB_PER_KTOKEN = {True: 0.1, False: 1.5}  # gradient checkpointing on / off
-MIN_STATIC_SHARE = 0.3  # the static part is at least this share of the measured peak
-CONTEXT_GB = 4.0  # CUDA context, NCCL buffers and the sleeping rollout engine's weights during training
-OOM_SHARE = 0.95
+OOM_SHARE = memory.OOM_LINE_SHARE
 NEAR_FULL_SHARE = 0.90
-MEMORY_UNCERTAINTY = 0.30
 UNMODELLED_UNCERTAINTY = 0.30
 
 
@@ -52,7 +42,7 @@ class Prior:
 PRIORS: dict[str, Prior] = {
     "fused_kernels": Prior(
         {"update_actor": 0.14, "old_log_prob": 0.185, "ref": 0.185}, 0.25,
-        "H200 2026-12-01 (tests/data/h200_fused_logprob_2026-12-01): quickstart → fused kernels took old_log_prob "
+        "1 × H200, 2026-12-01 (0.5B shape, 256 prompts × 512 + 512): quickstart → fused kernels took old_log_prob "
         "10.1–10.7 → 1.7–2.2 s (×0.185) and update_actor 38.3–40.9 → 3.9–4.6 s (×0.105), of which ×0.75 is "
         "gradient checkpointing off (below), leaving ×0.14 for the kernels"),
     "gradient_checkpointing": Prior(
@@ -65,11 +55,11 @@ PRIORS: dict[str, Prior] = {
         "launches; ×0.6 is a guess with a wide band"),
     "colocate_async": Prior(
         {"gen": 0.5}, 0.40,
-        "H200 2026-11-30 (shared/gpu/reference/h200_features_2026-11-30): colocate_async alternated 16.0 / 6.8 / "
+        "1 × H200, 2026-11-30 (0.5B shape): colocate_async alternated 16.0 / 6.8 / "
         "12.9 / 6.1 s steps against 11.6–15.5 s sync; about half of generation overlapped"),
     "critic_lora": Prior(
         {"update_critic": 3.5}, 0.30,
-        "H200 2026-11-30 (workbench/assets/recordings): a rank-8 LoRA critic made update_critic 2.13 s against "
+        "1 × H200, 2026-11-30 (0.5B shape): a rank-8 LoRA critic made update_critic 2.13 s against "
         "0.60 s full fine-tuning"),
     "rollout_logprob_bypass": Prior(
         {"old_log_prob": 0.05}, 0.50,
@@ -77,11 +67,11 @@ PRIORS: dict[str, Prior] = {
         "forward pass (not measured)"),
     "batching": Prior(
         {}, 0.10,
-        "H200 2026-11-30: the quickstart plan and its hot budget neighbour ran alike; budgets and micro batches "
+        "1 × H200, 2026-11-30: the quickstart plan and its hot budget neighbour ran alike; budgets and micro batches "
         "change memory, barely time, while the per-token loop dominates"),
     "rollout_engine": Prior(
         {}, 0.10,
-        "H200 2026-12-01: agent-loop workers 2 → 8 left gen at 8.12–8.17 s; rollout memory and scheduling knobs "
+        "1 × H200, 2026-12-01: agent-loop workers 2 → 8 left gen at 8.12–8.17 s; rollout memory and scheduling knobs "
         "are not measured separately"),
     "offload": Prior({}, 0.15, "not measured: offload moves parameters or optimizer state over PCIe each step"),
 }
@@ -104,9 +94,10 @@ class SegmentCost:
     step_s: float
     step_spread: float  # half the min–max range of the measured steps / median step
     tokens: float
-    trainer_peak_gb: float
-    gpu_peak_gb: float
+    trainer_peak_gb: float  # the trainer's max reserved memory (GiB)
+    gpu_peak_gb: float  # NVML: the GPU's peak memory used
     mem_total_gb: float
+    observation: memory_fit.Observation | None = None  # the measured peaks, as the memory model reads them
 
 
 @dataclass(frozen=True)
@@ -125,6 +116,7 @@ class Prediction:
     mem_total_gb: float
     sources: dict[str, str]
     unmodelled: tuple[str, ...]
+    memory: memory.MemoryPrediction | None = None
     warnings: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -143,6 +135,15 @@ class Prediction:
     def oom(self) -> bool:
         return self.gpu_peak_share >= OOM_SHARE
 
+    @property
+    def memory_band_gb(self) -> float:
+        return self.memory.band_gib if self.memory is not None else 0.0
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak, its upper band included, stays under the out-of-memory line."""
+        return self.memory.fits if self.memory is not None else not self.oom
+
     def frame(self) -> pd.DataFrame:
         """One row per phase: measured and predicted seconds."""
         rows = [{"phase": p, "measured_s": self.measured_phase_s.get(p, float("nan")),
@@ -153,9 +154,10 @@ class Prediction:
     @property
     def text(self) -> str:
         low, high = self.step_range_s
-        memory = (f"peak GPU memory {self.gpu_peak_gb:.0f} of {self.mem_total_gb:.0f} GiB "
-                  f"({self.gpu_peak_share:.0%} ± {MEMORY_UNCERTAINTY:.0%})" if self.mem_total_gb > 0 else
-                  f"trainer memory {self.trainer_peak_gb:.0f} GiB")
+        band = self.memory_band_gb
+        memory = (f"peak GPU memory {self.gpu_peak_gb:.0f} ± {band:.0f} of {self.mem_total_gb:.0f} GiB "
+                  f"({self.gpu_peak_share:.0%})" if self.mem_total_gb > 0 else
+                  f"trainer memory {self.trainer_peak_gb:.0f} ± {band:.0f} GiB")
         return (f"{self.step_s:.1f} s a step ({low:.1f}–{high:.1f}) against {self.measured_step_s:.1f} s measured "
                 f"in segment {self.basis_segment} ({self.speedup:.2f}×); {memory}")
 
@@ -189,33 +191,12 @@ def segment_cost(m: Any) -> SegmentCost | None:
         step_spread=float((durations.max() - durations.min()) / 2 / step_s),
         tokens=_median(steps, "perf/total_num_tokens"), trainer_peak_gb=max(reserved, default=float("nan")),
         gpu_peak_gb=gpu_peak, mem_total_gb=mem_total,
+        observation=memory_fit.observation(m.segment_id, steps, m.knobs, padded=getattr(m, "padded", None),
+                                           gpu_peak_gib=gpu_peak),
     )
 
 
 # ------------------------------------------------------------------------------------------------ the model
-def tokens_per_micro_batch(knobs: Mapping[str, Any], budget: str, micro: str) -> int:
-    """Tokens one micro batch may hold: the budget with dynamic batching, else sequences × longest sequence."""
-    longest = int(knobs["max_prompt_length"]) + int(knobs["max_response_length"])
-    if knobs["use_dynamic_bsz"] or knobs.get(micro) is None:
-        return int(knobs[budget])
-    return int(knobs[micro]) * longest
-
-
-def variable_memory_gb(knobs: Mapping[str, Any], scale: float = 1.0) -> float:
-    """The trainer memory that grows with micro batches: the policy's passes (update and old log-prob) hold
-    activations and, without fused kernels, the vocabulary logits; the critic's (a value head) activations only."""
-    policy = max(tokens_per_micro_batch(knobs, "actor_token_budget", "actor_micro_batch"),
-                 tokens_per_micro_batch(knobs, "logprob_token_budget", "logprob_micro_batch")) * scale / 1000
-    critic = tokens_per_micro_batch(knobs, "critic_token_budget", "critic_micro_batch") * scale / 1000
-    activations = ACTIVATION_GB_PER_KTOKEN[bool(knobs["gradient_checkpointing"])]
-    logits = 0.0 if knobs["fused_kernels"] else LOGITS_GB_PER_KTOKEN
-    return max(policy * (activations + logits), critic * activations)
-
-
-def _static_gb(cost: SegmentCost) -> float:
-    return max(MIN_STATIC_SHARE * cost.trainer_peak_gb, cost.trainer_peak_gb - variable_memory_gb(cost.knobs))
-
-
 def _waves(knobs: Mapping[str, Any]) -> int:
     return math.ceil(int(knobs["train_batch_size"]) / int(knobs["rollout_max_num_seqs"]))
 
@@ -267,16 +248,25 @@ _SOURCES = {
 }
 
 
-def _trainer_peak(cost: SegmentCost, after: Mapping[str, Any]) -> float:
-    peak = _static_gb(cost) + variable_memory_gb(after)
-    if (cost.knobs["critic_lora_rank"] > 0) != (after["critic_lora_rank"] > 0):
-        # H200 2026-11-30: the LoRA critic saved 3.6 GB (no full-size gradients and optimizer state)
-        peak += -3.6 if after["critic_lora_rank"] > 0 else 3.6
-    return peak
+def memory_model_for(cost: SegmentCost) -> memory_fit.MemoryModel:
+    """The memory model one segment calibrates on its own (a session's history calibrates a better one)."""
+    return memory_fit.MemoryModel.fit(None, [cost.observation] if cost.observation else [], cost.mem_total_gb)
 
 
-def predict(cost: SegmentCost, after: Mapping[str, Any]) -> Prediction:
-    """The plan with knob values `after`, predicted from the measured segment `cost`."""
+def predict_memory(cost: SegmentCost, after: Mapping[str, Any],
+                   model: memory_fit.MemoryModel | None = None) -> memory.MemoryPrediction:
+    """The plan with knob values `after`: its peak memory, from the roles and sequences `cost` measured."""
+    model = model or memory_model_for(cost)
+    obs = cost.observation
+    roles = obs.roles if obs else memory.Roles()
+    sequences = memory_fit.scaled_sequences(obs.sequences, cost.knobs, after) if obs else memory.Sequences()
+    return model.predict(after, cost.mem_total_gb, roles, sequences)
+
+
+def predict(cost: SegmentCost, after: Mapping[str, Any], memory_model: memory_fit.MemoryModel | None = None
+            ) -> Prediction:
+    """The plan with knob values `after`, predicted from the measured segment `cost` (memory by `memory_model`,
+    else by one calibrated on `cost` alone)."""
     before = cost.knobs
     phase = dict(cost.phase_s)
     absolute: dict[str, float] = {}  # variance each moved phase adds (seconds²)
@@ -298,27 +288,26 @@ def predict(cost: SegmentCost, after: Mapping[str, Any]) -> Prediction:
         (UNMODELLED_UNCERTAINTY * step) ** 2 * bool(unmodelled)
     uncertainty = math.sqrt(variance) / step if step > 0 else float("nan")
 
-    trainer = _trainer_peak(cost, after)
-    gpu = trainer + CONTEXT_GB
-    if not math.isnan(cost.gpu_peak_gb):
-        share_moved = (float(after["rollout_gpu_memory"]) - float(before["rollout_gpu_memory"])) * cost.mem_total_gb
-        gpu = max(cost.gpu_peak_gb + share_moved, gpu)
+    mem = predict_memory(cost, after, memory_model)
     prediction = Prediction(
         basis_segment=cost.segment_id, basis_steps=cost.steps, phase_s={**phase, "other": cost.other_s},
         measured_phase_s={**cost.phase_s, "other": cost.other_s}, step_s=step, uncertainty=uncertainty,
-        measured_step_s=cost.step_s, trainer_peak_gb=trainer, gpu_peak_gb=gpu, mem_total_gb=cost.mem_total_gb,
-        sources=sources, unmodelled=unmodelled,
+        measured_step_s=cost.step_s, trainer_peak_gb=max(mem.process_reserved_gib.values(), default=math.nan),
+        gpu_peak_gb=mem.gpu_peak_gib, mem_total_gb=cost.mem_total_gb, sources=sources, unmodelled=unmodelled,
+        memory=mem,
     )
     return _with_warnings(prediction, changed)
 
 
 def _with_warnings(p: Prediction, changed: list[str]) -> Prediction:
     warnings: dict[str, str] = {}
-    if p.mem_total_gb > 0 and p.gpu_peak_share >= NEAR_FULL_SHARE:
-        verdict = "out of memory predicted" if p.oom else "GPU memory nearly full"
-        warnings["plan"] = (f"{verdict}: peak {p.gpu_peak_gb:.0f} of {p.mem_total_gb:.0f} GiB "
-                            f"({p.gpu_peak_share:.0%} ± {MEMORY_UNCERTAINTY:.0%}; trainer {p.trainer_peak_gb:.0f} "
-                            f"GiB) after changing {', '.join(changed)}")
+    if p.mem_total_gb > 0 and (p.gpu_peak_share >= NEAR_FULL_SHARE or not p.fits):
+        verdict = "out of memory predicted" if p.oom else "GPU memory nearly full" if p.fits else \
+            "out of memory possible"
+        where = p.memory.peak_phase if p.memory is not None else "training"
+        warnings["plan"] = (f"{verdict}: peak {p.gpu_peak_gb:.0f} ± {p.memory_band_gb:.0f} of "
+                            f"{p.mem_total_gb:.0f} GiB ({p.gpu_peak_share:.0%}, in {where}; trainer "
+                            f"{p.trainer_peak_gb:.0f} GiB) after changing {', '.join(changed)}")
     for name in p.unmodelled:
         warnings[name] = f"{name}: no measurement predicts its effect; the prediction is wider for it"
     return Prediction(**{**p.__dict__, "warnings": warnings})
@@ -329,14 +318,3 @@ def closest_cost(costs: list[SegmentCost], after: Mapping[str, Any]) -> SegmentC
     if not costs:
         return None
     return min(reversed(costs), key=lambda c: sum(after[n] != c.knobs.get(n) for n in after))
-
-
-def budget_scale_for_memory(cost: SegmentCost, target_share: float, limit: float) -> float:
-    """How much every micro batch may grow so that the training-time peak stays at `target_share` of GPU memory
-    (1 when memory was not measured; at most `limit`)."""
-    variable = variable_memory_gb(cost.knobs)
-    if not (cost.mem_total_gb > 0 and cost.trainer_peak_gb > 0 and variable > 0):
-        return 1.0
-    grow = (target_share * cost.mem_total_gb - CONTEXT_GB - _static_gb(cost)) / variable
-    return float(np.clip(grow, 1.0, limit))
-

@@ -145,12 +145,15 @@ def machine_meta(plan: Plan) -> dict[str, Any]:
         )
     except Exception as e:
         meta["gpu_error"] = repr(e)
-    model_config = Path(plan.config.actor_rollout_ref.model.path) / "config.json"
-    if model_config.exists():
-        shape = json.loads(model_config.read_text())
-        meta["model_shape"] = {k: shape.get(k) for k in (
-            "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "vocab_size", "torch_dtype")}
+    # The memory model reads these (workbench.memory): recorded here, a replay knows them without the model files.
+    for key, path in (("model_shape", plan.config.actor_rollout_ref.model.path),
+                      ("critic_model_shape", plan.config.critic.model.path)):
+        model_config = Path(str(path)) / "config.json"
+        if model_config.exists():
+            shape = json.loads(model_config.read_text())
+            meta[key] = {k: shape.get(k) for k in (
+                "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "torch_dtype", "tie_word_embeddings")}
     return meta
 
 

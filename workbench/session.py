@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from . import advisor
 from . import control as c
 from . import history
 from . import verl_config
-from .advisor import Finding, advise, findings_frame
+from .advisor import Finding, findings_frame
 from .handles import (HANDLE_FINAL, ApplyRefused, ApplyResult, Poll, PollCursor, Preview, ReadOnlySession,
                       poll_since, preview_change, wait_for_answer)
 from .knobs import KNOB_TABLE_COLUMNS, irrelevant_knobs, knob_defaults, knob_rows
@@ -394,14 +395,10 @@ class Session:
         return self._plan_of(segment).knob_values()
 
     def advice_findings(self, segment_id: int | None = None) -> list[Finding]:
-        """The advisor's findings for a segment (default: the newest that ran steps), judged against the plan of
-        that segment."""
-        steps = self.steps()
-        if segment_id is None:
-            if steps.empty:
-                return []
-            segment_id = int(steps["segment_id"].max())
-        return advise(steps, self.samples(), self.knob_values(segment_id), segment_id=segment_id, procs=self.procs())
+        """The advisor's findings for a segment (default: the newest that measured enough steps and did not
+        fail), judged against the plan in force, screened for memory with the session's own memory model and its
+        crashes (workbench.advisor.advice_for)."""
+        return advisor.advice_for(self, segment_id)
 
     def advice(self, segment_id: int | None = None) -> pd.DataFrame:
         """advice_findings as a table: one row per finding, most severe first."""
@@ -425,9 +422,16 @@ class Session:
         changes. `prediction.frame()` is the per-phase table, `prediction.text` one line."""
         return self._predict(self.plan.with_changes(changes).knob_values())
 
+    def memory_model(self):
+        """The memory model this session's segments and crashes calibrate (cached until a new step or event)."""
+        newest = (self._store.max_id("steps"), self._store.max_id("events"))
+        if getattr(self, "_memory", (None,))[0] != newest:
+            self._memory = (newest, advisor.memory_model_of(self))
+        return self._memory[1]
+
     def _predict(self, values: dict[str, Any]) -> Prediction | None:
         basis = closest_cost(self.segment_costs(), values)
-        return predict_plan(basis, values) if basis is not None else None
+        return predict_plan(basis, values, self.memory_model()) if basis is not None else None
 
     def _with_prediction(self, preview: Preview, new: Plan) -> Preview:
         prediction = self._predict(new.knob_values())

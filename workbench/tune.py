@@ -10,7 +10,8 @@ each candidate is enqueued in a chosen order and asked for, so the study holds e
 the measured step time, stored as SQLite in the session directory (`optuna-dashboard sqlite:///…/tune.sqlite3`).
 The order: the plan in force first (the baseline), then candidates that apply hot (no restart: a few steps each,
 in the same process), then restart-class candidates by predicted gain (workbench.predict, calibrated on the
-session's own segments). A candidate predicted to run out of memory is never applied (recorded as pruned), nor one
+session's own segments). A candidate whose predicted peak memory, band included, crosses the out-of-memory line is
+never applied (recorded as pruned), nor one
 that preview refuses; knobs that change the algorithm are refused unless allowed. Tuning waits while the session
 is paused and ends when it stops; at the end the best measured plan is put (back) in force.
 
@@ -135,7 +136,7 @@ def plan_candidates(session: Session, changes: Iterable[Mapping[str, Any]], *,
         prediction = None
         if preview.ok and costs:
             target = plan.with_changes(change).knob_values()
-            prediction = what_if.predict(what_if.closest_cost(costs, target), target)
+            prediction = what_if.predict(what_if.closest_cost(costs, target), target, session.memory_model())
         out.append(Candidate(change, preview.mode, prediction, dict(preview.problems)))
 
     def order(c: Candidate) -> tuple:
@@ -148,7 +149,7 @@ def plan_candidates(session: Session, changes: Iterable[Mapping[str, Any]], *,
 def _predicted(session: Session, candidate: Candidate, start_values: Mapping[str, Any]) -> Candidate:
     target = {**start_values, **candidate.change}
     basis = what_if.closest_cost(session.segment_costs(), target)
-    prediction = what_if.predict(basis, target) if basis is not None else None
+    prediction = what_if.predict(basis, target, session.memory_model()) if basis is not None else None
     return Candidate(candidate.change, candidate.mode, prediction, candidate.problems)
 
 
@@ -263,7 +264,8 @@ def tune(session: Session, knobs: Mapping[str, Sequence[Any]] | Sequence[str] | 
                "predicted_step_s": candidate.prediction.step_s if candidate.prediction else math.nan,
                "predicted_gpu_peak_share": candidate.prediction.gpu_peak_share if candidate.prediction else math.nan}
         skip = ("; ".join(candidate.problems.values()) if candidate.problems else
-                candidate.prediction.warnings["plan"] if candidate.prediction and candidate.prediction.oom else None)
+                candidate.prediction.warnings["plan"] if candidate.prediction and not candidate.prediction.fits
+                else None)
         trial.set_user_attr("change", json.dumps(candidate.change, sort_keys=True, default=str))
         trial.set_user_attr("mode", candidate.mode or "baseline")
         if not skip and len([r for r in rows if r["state"] != "PRUNED"]) >= max_trials:
