@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from . import memory_fit
-from .advice.core import (FINDING_COLUMNS, FUSED_BUDGETS, SEVERITIES, THRESHOLDS, Finding, Measurements,
-                          measurements, segment_costs)
+from .advice.core import (BUDGET_KNOBS, FINDING_COLUMNS, FUSED_BUDGETS, OFFLOAD_KNOBS, SEVERITIES, THRESHOLDS,
+                          Finding, Measurements, measurements, segment_costs)
 from .advice.crash import after_crash
 from .advice.generation import gen_on_poll_grid, gpu_idle, rollout_bound, weight_sync
 from .advice.placement import pcie_offload, util_spread
@@ -29,8 +29,9 @@ from .advice.record import SessionRecord, build_record
 from .advice.safety import screen
 from .advice.training import (actor_update_bound, checkpointing_headroom, critic_heavy, logprob_loop,
                               memory_headroom, oom_risk)
+from .knobs import MICRO_BATCH_KNOBS
 
-__all__ = ["FINDING_COLUMNS", "FUSED_BUDGETS", "RULES", "THRESHOLDS", "Finding", "Measurements", "SessionRecord",
+__all__ = ["BUDGET_KNOBS", "FINDING_COLUMNS", "FUSED_BUDGETS", "MICRO_BATCH_KNOBS", "OFFLOAD_KNOBS", "RULES", "THRESHOLDS", "Finding", "Measurements", "SessionRecord",
            "advice_for", "advise", "findings_frame", "measurements", "record_of", "segment_costs"]
 
 RULES: tuple[Callable[[Measurements], Finding | None], ...] = (

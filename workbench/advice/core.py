@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .. import predict as what_if
-from ..knobs import MICRO_BATCH_KNOBS, knobs_in_group
+from ..knobs import knobs_in_group
 from ..knobs import TOKEN_BUDGET_KNOBS as BUDGET_KNOBS
 from ..store import SAMPLE_COLUMNS
 from ..telemetry.balance import THRESHOLDS as BALANCE_THRESHOLDS

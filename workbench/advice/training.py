@@ -10,8 +10,9 @@ import pandas as pd
 
 from .. import memory, memory_fit
 from .. import predict as what_if
-from .core import (BUDGET_KNOBS, FUSED_BUDGETS, FUSED_EVIDENCE, GIB_PER_MIB, MICRO_BATCH_KNOBS, Finding, Measurements,
-                   changes, finding, limit, no_knob, prediction_text)
+from ..knobs import MICRO_BATCH_KNOBS
+from .core import (BUDGET_KNOBS, FUSED_BUDGETS, FUSED_EVIDENCE, GIB_PER_MIB, Finding, Measurements, changes,
+                   finding, limit, no_knob, prediction_text)
 
 # Measured: H200, 2026-11-30, 0.5B shape, 64 prompts × 256 + 256 tokens (the h200-proof recording, a hot change).
 BUDGET_EVIDENCE = ("on one H200 (2026-11-30, 0.5B shape) raising every budget 4 096 → 32 768 tokens took the step "
