@@ -259,7 +259,7 @@ def test_segments_say_what_changed_from_the_previous_one_and_what_they_measured(
 
 
 def test_advice_is_judged_against_the_plan_of_the_segment_measured(tmp_path, recorded_plans, monkeypatch):
-    from workbench import session as session_module
+    from workbench import advisor
 
     store = make_session_dir(tmp_path / "advice", recorded_plans["A"])
     t = time.time()
@@ -267,7 +267,7 @@ def test_advice_is_judged_against_the_plan_of_the_segment_measured(tmp_path, rec
         store.add_step(1, step, {"timing_s/step": 10.0}, t=t + step)
     store.begin_segment(recorded_plans["B"].to_json(), reason="restart-class change")  # no step yet
     judged = []
-    monkeypatch.setattr(session_module, "advise", lambda steps, samples, knobs, **kw: judged.append((knobs, kw)) or [])
+    monkeypatch.setattr(advisor, "advise", lambda steps, samples, knobs, **kw: judged.append((knobs, kw)) or [])
     Session(tmp_path / "advice", read_only=True).advice_findings()
     knobs, kw = judged[0]
     assert kw["segment_id"] == 1 and knobs == recorded_plans["A"].knob_values()

@@ -12,7 +12,7 @@ import pytest
 
 from widgets.common import READ_ONLY_REASON
 from widgets.dashboard import Dashboard
-from widgets.tune import NO_KNOB, RUNNING_REASON
+from widgets.tune import AUTOPILOT_RUNNING, NO_KNOB, RUNNING_REASON
 from workbench import Session
 
 TIMEOUT = 60.0
@@ -73,3 +73,32 @@ def test_operator_tunes_and_stop_ends_the_tune(replay):
     assert "\n" not in status and len(status.split(": ", 1)[-1]) > 10  # the outcome, in one line
     if "wb-tune-done" in status:
         assert "ended because" in status and "<table" in panel.result.value
+
+
+def test_viewer_cannot_start_the_autopilot(replay):
+    d = Dashboard(Session.attach(replay.dir, read_only=True), live=False)
+    control = d.tune.autopilot
+    assert "wb-autopilot-run" in control.button._dom_classes
+    assert control.button.disabled and control.button.tooltip == READ_ONLY_REASON and control.stop_button.disabled
+    control.run()  # a click that got through anyway: refused, nothing started
+    assert control.thread is None and "wb-autopilot-refused" in control.status.value
+    assert html.escape(READ_ONLY_REASON) in control.status.value
+
+
+def test_operator_starts_the_autopilot_and_stop_ends_it(replay):
+    d = Dashboard(replay, live=False)
+    control, tune = d.tune.autopilot, d.tune
+    assert not control.button.disabled and control.stop_button.disabled
+    control.rounds.value, control.minutes.value = 2, 5
+    control.button.click()
+    assert control.thread is not None and control.thread.is_alive()
+    assert "wb-autopilot-running" in control.status.value and "up to 2 round(s) in 5 min" in control.status.value
+    assert control.button.disabled and not control.stop_button.disabled
+    assert tune.button.disabled and tune.button.tooltip == AUTOPILOT_RUNNING  # one of the two at a time
+    control.stop_button.click()
+    control.thread.join(TIMEOUT)
+    assert not control.thread.is_alive()
+    d.refresh()
+    assert "wb-autopilot-done" in control.status.value, control.status.value
+    assert "ended because stopped by the operator" in control.status.value and "\n" not in control.status.value
+    assert not control.button.disabled and control.stop_button.disabled and not tune.button.disabled

@@ -2,7 +2,11 @@
 choices, or half and twice an integer), the steps per trial and the most trials; Tune runs the search in its own
 thread (it blocks while it tries plans, and honours pause and stop), and the panel shows it running, then the trials
 table and the plan it kept in force, or why it failed. The update loop shows the thread's outcome: the thread only
-records it under `Context.lock`."""
+records it under `Context.lock`.
+
+Autopilot (`Session.autopilot`, workbench/autopilot.py) follows the advisor round by round, within a round and a
+time budget; its story fills in after each round and Stop ends it at the next check. Only the operator can start
+either: the page disables them for a viewer and the engine refuses a read-only handle whatever the page does."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from workbench.knobs import KNOBS
 from .common import READ_ONLY_REASON, assign, heading
 
 RUNNING_REASON = "a tune is running: wait for it to end (or pause / stop the session)"
+AUTOPILOT_RUNNING = "the autopilot is running: Stop it first"
+STATE_CSS = {"running": "wb-changed", "done": "wb-changed", "failed": "wb-problem", "refused": "wb-problem"}
 NO_KNOB = "choose at least one knob to search (ctrl/shift-click in the list)"
 
 
@@ -46,8 +52,9 @@ class TunePanel:
         self.button.on_click(lambda _: self.run())
         self.status = W.HTML(_dom_classes=["wb-tune-status"])
         self.result = W.HTML(_dom_classes=["wb-tune-result"])
+        self.autopilot = AutopilotControl(ctx, busy=lambda: self.state == "running", shown=lambda: self._shown())
         self.widget = W.VBox([heading("Tune"), self.knobs, W.HBox([self.steps, self.trials, self.button]),
-                              self.status, self.result], _dom_classes=["wb-tune"])
+                              self.status, self.result, self.autopilot.widget], _dom_classes=["wb-tune"])
         # What the tune thread records and the loop shows: "idle" | "running" | "done" | "failed" | "refused".
         self.state, self.message, self.trials_html = "idle", "", ""
         self.thread: threading.Thread | None = None
@@ -56,27 +63,26 @@ class TunePanel:
     def prepare(self, feed, news):
         options = tunable(self.ctx.session.knob_table()) if news & {"knobs", "meta", "state"} else None
         with self.ctx.lock:
-            return options, self.state, self.message, self.trials_html
+            return options, self.state, self.message, self.trials_html, self.autopilot.snapshot()
 
     def show(self, payload) -> None:
-        options, state, message, trials_html = payload
+        options, state, message, trials_html, autopilot = payload
+        self.autopilot.show(autopilot, tuning=state == "running")
         if options is not None and list(self.knobs.options) != options:
             chosen = set(self.knobs.value)
             self.knobs.options = options
             self.knobs.value = tuple(name for _, name in options if name in chosen)
-        css = {"running": "wb-changed", "done": "wb-changed", "failed": "wb-problem", "refused": "wb-problem"}
-        assign(self.status, value=(f"<span class='wb-tune-{state} {css.get(state, 'wb-muted')}'>"
-                                   f"{html.escape(state)}{': ' if message else ''}{html.escape(message)}</span>"
-                                   if state != "idle" else ""))
+        assign(self.status, value=_status("wb-tune", state, message))
         assign(self.result, value=trials_html)
-        reason = READ_ONLY_REASON if not self.ctx.operator else RUNNING_REASON if state == "running" else ""
+        reason = (READ_ONLY_REASON if not self.ctx.operator else RUNNING_REASON if state == "running" else
+                  AUTOPILOT_RUNNING if autopilot[0] == "running" else "")
         for control in (self.knobs, self.steps, self.trials, self.button):
             assign(control, disabled=bool(reason))
         assign(self.button, tooltip=reason)
 
     def _shown(self) -> None:
         with self.ctx.lock:
-            self.show((None, self.state, self.message, self.trials_html))
+            self.show((None, self.state, self.message, self.trials_html, self.autopilot.snapshot()))
 
     # ----------------------------------------------------------------- the Tune button
     def run(self) -> None:
@@ -87,7 +93,8 @@ class TunePanel:
         with self.ctx.lock:
             if self.state == "running":
                 return
-            refusal = (READ_ONLY_REASON if not session.is_operator else NO_KNOB if not knobs else None)
+            refusal = (READ_ONLY_REASON if not session.is_operator else NO_KNOB if not knobs else
+                       AUTOPILOT_RUNNING if self.autopilot.state == "running" else None)
             if refusal:
                 self.state, self.message = "refused", refusal
             else:
@@ -112,3 +119,94 @@ class TunePanel:
             self.state, self.message = "done", _one_line(f"{kept}; ended because {result.ended_because}")
             self.trials_html = result.trials.to_html(classes="wb-table wb-tune-trials-table", index=False,
                                                      na_rep="–")
+
+
+def _status(prefix: str, state: str, message: str) -> str:
+    if state == "idle":
+        return ""
+    return (f"<span class='{prefix}-{state} {STATE_CSS.get(state, 'wb-muted')}'>{html.escape(state)}"
+            f"{': ' if message else ''}{html.escape(message)}</span>")
+
+
+class AutopilotControl:
+    """Start the autopilot with a round and a time budget, see its story round by round, Stop it."""
+
+    def __init__(self, ctx, busy, shown):
+        # busy(): whether a tune is running (one or the other at a time); shown(): the panel redrawn from its state
+        self.ctx, self.busy, self._shown = ctx, busy, shown
+        self.rounds = W.BoundedIntText(value=6, min=1, max=100, description="rounds",
+                                       layout=W.Layout(width="150px"), _dom_classes=["wb-autopilot-rounds"])
+        self.minutes = W.BoundedIntText(value=60, min=1, max=24 * 60, description="minutes",
+                                        layout=W.Layout(width="160px"), _dom_classes=["wb-autopilot-minutes"])
+        self.button = W.Button(description="Autopilot", _dom_classes=["wb-autopilot-run"],
+                               layout=W.Layout(width="auto"))
+        self.stop_button = W.Button(description="Stop autopilot", _dom_classes=["wb-autopilot-stop"],
+                                    layout=W.Layout(width="auto"), disabled=True)
+        self.button.on_click(lambda _: self.run())
+        self.stop_button.on_click(lambda _: self.stop())
+        self.status = W.HTML(_dom_classes=["wb-autopilot-status"])
+        self.story = W.HTML(_dom_classes=["wb-autopilot-story"])
+        self.widget = W.VBox([W.HTML("<b>Autopilot</b>: applies the advisor's top safe finding each round, keeps "
+                                     "it if faster, rolls it back if slower or crashed"),
+                              W.HBox([self.rounds, self.minutes, self.button, self.stop_button]), self.status,
+                              self.story], _dom_classes=["wb-autopilot"])
+        # Written by the autopilot's thread under ctx.lock, shown by the update loop.
+        self.state, self.message, self.story_html = "idle", "", ""
+        self.thread: threading.Thread | None = None
+        self.stop_event = threading.Event()
+
+    def snapshot(self) -> tuple[str, str, str]:
+        return self.state, self.message, self.story_html
+
+    def show(self, payload, tuning: bool) -> None:
+        state, message, story_html = payload
+        assign(self.status, value=_status("wb-autopilot", state, message))
+        assign(self.story, value=story_html)
+        reason = (READ_ONLY_REASON if not self.ctx.operator else AUTOPILOT_RUNNING if state == "running" else
+                  RUNNING_REASON if tuning else "")
+        for control in (self.rounds, self.minutes, self.button):
+            assign(control, disabled=bool(reason))
+        assign(self.button, tooltip=reason)
+        assign(self.stop_button, disabled=not (self.ctx.operator and state == "running"))
+
+    def run(self) -> None:
+        """Start `session.autopilot` in a thread; a refusal (a viewer, a tune or autopilot running) is said in the
+        status and starts nothing."""
+        session, rounds, minutes = self.ctx.session, int(self.rounds.value), int(self.minutes.value)
+        with self.ctx.lock:
+            if self.state == "running":
+                return
+            refusal = READ_ONLY_REASON if not session.is_operator else RUNNING_REASON if self.busy() else None
+            if refusal:
+                self.state, self.message = "refused", refusal
+            else:
+                self.state, self.story_html = "running", ""
+                self.message = f"up to {rounds} round(s) in {minutes} min, started {time.strftime('%H:%M:%S')}"
+                self.stop_event = threading.Event()
+                self.thread = threading.Thread(target=self._autopilot, args=(session, rounds, minutes),
+                                               name="wb-autopilot", daemon=True)
+                self.thread.start()
+        self._shown()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _story(self, story) -> None:
+        table = story.to_html(classes="wb-table wb-autopilot-story-table", index=False, na_rep="–",
+                              float_format=lambda x: f"{x:.1f}")
+        with self.ctx.lock:
+            self.story_html = table
+
+    def _autopilot(self, session, rounds: int, minutes: int) -> None:
+        try:
+            result = session.autopilot(max_rounds=rounds, budget_s=60.0 * minutes, stop=self.stop_event,
+                                       on_round=self._story)
+        except Exception as error:  # said at the panel, in one line
+            with self.ctx.lock:
+                self.state, self.message = "failed", _one_line(f"{type(error).__name__}: {error}")
+            return
+        self._story(result.story)
+        gain = f"{result.speedup:.2f}× tokens/s/GPU" if result.speedup == result.speedup else "no measurement"
+        with self.ctx.lock:
+            self.state, self.message = "done", _one_line(
+                f"{result.rounds} round(s), {result.crashes} crash(es), {gain}; ended because {result.ended_because}")

@@ -447,6 +447,15 @@ class Session:
 
         return tune(self, knobs, **options)
 
+    def autopilot(self, **options: Any):
+        """Follow the advisor round by round until the run is fast (workbench.autopilot): each round applies the
+        top safe finding, keeps it if faster, rolls it back if slower or crashed. Returns an AutopilotResult whose
+        `story` is one DataFrame; options: steps_per_round, max_rounds, budget_s, timeout_s, stop (an Event),
+        on_round (called with the story after each round)."""
+        from .autopilot import autopilot
+
+        return autopilot(self, **options)
+
 
 __all__ = ["Session", "ApplyResult", "ApplyRefused", "Preview", "Poll", "PollCursor", "ReadOnlySession", "PlanError",
            "gpu_count"]

@@ -1,0 +1,111 @@
+"""The autopilot against replays of SYNTHETIC recordings (tests/autopilot_recordings.py) whose segments are the
+plans the advisor proposes: a faster change is kept, a slower one rolled back, a change slower than its predicted
+band stops it; a crashed change is rolled back and never offered again, and the safer variant the advisor offers
+after the crash is tried next. Every round is a segment, and the story is one table."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tests import autopilot_recordings as recordings
+from workbench.autopilot import STORY_COLUMNS
+from workbench.session import ReadOnlySession, Session
+
+SPEED = 30  # recorded seconds per second: the quickstart's 60 s steps take 2 s
+OPTIONS = dict(steps_per_round=2, budget_s=900, timeout_s=180)
+
+
+@pytest.fixture(scope="module")
+def keep_rollback_stop(tmp_path_factory, tiny_model):
+    directory = tmp_path_factory.mktemp("autopilot") / "keep-rollback-stop"
+    return directory, recordings.keep_rollback_stop(directory, tiny_model)
+
+
+@pytest.fixture(scope="module")
+def crash_then_safer(tmp_path_factory, tiny_model):
+    directory = tmp_path_factory.mktemp("autopilot") / "crash-then-safer"
+    return directory, recordings.crash_then_safer(directory, tiny_model)
+
+
+def end(session: Session) -> None:
+    if session.state not in ("stopped", "finished", "failed", "lost"):
+        session.stop(now=True)
+
+
+def applied_changes(session: Session) -> list[dict]:
+    return [json.loads(c["payload"]) if isinstance(c["payload"], str) else c["payload"]
+            for c in session._store.rows("commands") if c["kind"] == "apply"]
+
+
+def test_a_read_only_handle_cannot_start_the_autopilot(keep_rollback_stop):
+    directory, _ = keep_rollback_stop
+    with pytest.raises(ReadOnlySession):
+        Session(directory, read_only=True).autopilot()
+
+
+@pytest.mark.slow
+def test_keeps_the_faster_change_rolls_back_the_slower_and_stops(keep_rollback_stop, home):
+    directory, plan = keep_rollback_stop
+    session = Session.replay(directory, speed=SPEED, follow=False)
+    try:
+        result = session.autopilot(max_rounds=4, **OPTIONS)
+        story = result.story
+        assert list(story.columns) == list(STORY_COLUMNS)
+        assert list(story["outcome"]) == ["kept", "rolled back"], story[["outcome", "why"]]
+        assert story.loc[0, "change"] == plan["lever"] and story.loc[1, "change"] == plan["overlap"]
+        assert story.loc[0, "rule"] == "logprob-loop" and story.loc[0, "mode"] == "restart"
+        # Each round ran in a segment of its own; the kept one is the new baseline of the next round.
+        assert story.loc[1, "segment_id"] > story.loc[0, "segment_id"] > result.before.segment_id
+        assert story.loc[0, "measured_step_s"] == pytest.approx(20)
+        assert story.loc[1, "baseline_step_s"] == pytest.approx(story.loc[0, "measured_step_s"])
+        assert story.loc[1, "measured_step_s"] == pytest.approx(26)
+        assert story.loc[1, "measured_step_s"] > story.loc[1, "predicted_high_s"]
+        assert "slower than predicted" in result.ended_because and "model is off" in result.ended_because
+        assert result.crashes == 0 and result.speedup == pytest.approx(3.0, rel=0.01)
+        # The slower change was put back: the plan in force is round 1's.
+        knobs = session.plan.knob_values()
+        assert all(knobs[k] == v for k, v in plan["lever"].items())
+        assert all(knobs[k] != v for k, v in plan["overlap"].items() if k == "trainer_mode")
+    finally:
+        end(session)
+
+
+@pytest.mark.slow
+def test_a_crashed_change_is_rolled_back_and_never_offered_again(crash_then_safer, home):
+    directory, plan = crash_then_safer
+    session = Session.replay(directory, speed=SPEED, follow=False)
+    try:
+        result = session.autopilot(max_rounds=2, **OPTIONS)
+        story = result.story
+        assert list(story["outcome"]) == ["crashed, rolled back", "kept"], story[["outcome", "why"]]
+        assert story.loc[0, "change"] == plan["lever"] and "ran out of GPU memory" in story.loc[0, "why"]
+        assert story.loc[1, "rule"] == "crash" and story.loc[1, "change"] == plan["safer"]
+        assert result.crashes == 1 and result.ended_because == "the round budget (2) is spent"
+        assert [c["changes"] for c in applied_changes(session)].count(plan["lever"]) == 1
+        # After it: the crashed plan is still never offered, and the safer one is in force.
+        for finding in session.advice_findings():
+            assert finding.change != plan["lever"], finding.rule
+        knobs = session.plan.knob_values()
+        assert all(knobs[k] == v for k, v in plan["safer"].items())
+    finally:
+        end(session)
+
+
+@pytest.mark.slow
+def test_stop_ends_the_autopilot_and_the_story_says_so(keep_rollback_stop, home):
+    directory, _ = keep_rollback_stop
+    session = Session.replay(directory, speed=SPEED, follow=False)
+    stop = threading.Event()
+    rounds = []
+    try:
+        def on_round(story):
+            rounds.append(len(story))
+            stop.set()  # the operator presses Stop once round 1 is in the story
+
+        result = session.autopilot(max_rounds=4, stop=stop, on_round=on_round, **OPTIONS)
+        assert result.ended_because == "stopped by the operator" and rounds == [1] and result.rounds == 1
+    finally:
+        end(session)
