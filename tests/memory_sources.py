@@ -19,6 +19,7 @@ import pandas as pd
 from tests.h200_traces import H200_MEM_TOTAL_MIB, PLANS, frames
 from tests.plan_fixtures import runnable_overrides, write_tiny_model
 from workbench import memory, memory_fit
+from workbench.advice.record import gpu_peak_gib
 from workbench.plan import Plan
 from workbench.store import Store
 
@@ -64,26 +65,12 @@ def _base() -> Plan:
     return Plan.from_verl(runnable_overrides(write_tiny_model(Path(tempfile.mkdtemp(prefix="memory-sources-")))))
 
 
-def _reserved(steps: pd.DataFrame) -> float:
-    columns = [c for c in ("actor/perf/max_memory_reserved_gb", "critic/perf/max_memory_reserved_gb") if c in steps]
-    return float(steps[columns].max().max()) if columns else float("nan")
-
-
-def _gpu_peak(steps: pd.DataFrame, samples: pd.DataFrame) -> float:
-    """NVML's peak inside the measured steps (the warm-up step left out, as the advisor does)."""
-    if samples.empty or steps.empty:
-        return float("nan")
-    start = float(steps["t"].min() - steps["timing_s/step"].iloc[0])
-    inside = samples[(samples["t"] >= start) & (samples["t"] <= float(steps["t"].max()))]
-    return float(inside["mem_used"].max()) / 1024 if len(inside) else float("nan")
-
-
 def reference_run(name: str) -> Segment:
     steps, samples = frames(name)
     knobs = _base().with_changes(PLANS[name]).knob_values()
-    peak = _gpu_peak(steps.iloc[1:], samples)
-    return Segment(name, REFERENCE_RUNS[name], knobs, steps,
-                   memory_fit.observation(name, steps, knobs, padded=True, gpu_peak_gib=peak), _reserved(steps), peak)
+    peak = gpu_peak_gib(steps, samples)
+    obs = memory_fit.observation(name, steps, knobs, padded=True, gpu_peak_gib=peak)
+    return Segment(name, REFERENCE_RUNS[name], knobs, steps, obs, memory_fit.measured_reserved(steps), peak)
 
 
 def recorded_segments(recording: str) -> list[Segment]:
@@ -101,10 +88,11 @@ def recorded_segments(recording: str) -> list[Segment]:
             continue
         knobs = Plan.from_json(row["plan_json"]).knob_values()
         hot = "hot apply" in (rows[rows.index(row) - 1]["reason"] or "") if rows.index(row) else False
-        peak = _gpu_peak(seg.iloc[1:], samples)
+        peak = gpu_peak_gib(seg, samples)
         obs = memory_fit.observation(f"{recording}#{row['id']}", seg, knobs, padded=True,
                                      inherited=previous if hot else None, gpu_peak_gib=peak)
-        out.append(Segment(f"{recording}#{row['id']}", RECORDED[recording], knobs, seg, obs, _reserved(seg), peak))
+        out.append(Segment(f"{recording}#{row['id']}", RECORDED[recording], knobs, seg, obs,
+                           memory_fit.measured_reserved(seg), peak))
         previous = memory_fit.measured_allocated(seg, knobs)
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -109,3 +110,32 @@ def test_stop_ends_the_autopilot_and_the_story_says_so(keep_rollback_stop, home)
         assert result.ended_because == "stopped by the operator" and rounds == [1] and result.rounds == 1
     finally:
         end(session)
+
+
+@pytest.mark.slow
+def test_the_gpu_script_dry_runs_against_a_replay(keep_rollback_stop, home, tmp_path):
+    """bench/gpu/autopilot.py's `run`, as the campaign driver calls it, against a replay on the CPU: the result
+    JSON (bench/common.py format) names the autopilot, its speedup, crashes, rounds, wall time, story and the memory
+    model's predicted vs measured peaks per segment."""
+    from bench.common import result, write
+    from bench.gpu import autopilot as gpu
+
+    directory, _ = keep_rollback_stop
+    session = Session.replay(directory, speed=SPEED, follow=False)
+    lines: list[str] = []
+    try:
+        session.wait_until(lambda s: gpu.first_measurement(s) is not None, timeout=180)
+        report = gpu.run(session, max_rounds=3, deadline=time.time() + 600, log=lines.append, workload="synthetic",
+                         save=lambda measure, **fields: write(result(measure, **fields), tmp_path))
+    finally:
+        end(session)
+    saved = json.loads((tmp_path / "autopilot_synthetic.json").read_text())
+    assert "autopilot" in saved["measure"] and saved["goal"] == ">= 5"
+    assert saved["value"] == pytest.approx(3.0, rel=0.01) == report["speedup"]
+    details = saved["details"]
+    assert details["crashes"] == 0 and details["rounds"] == 2 and details["wall_s"] > 0
+    assert [r["outcome"] for r in details["story"]] == ["kept", "rolled back"]
+    assert details["before"]["step_s"] == pytest.approx(60) and details["after"]["step_s"] == pytest.approx(20)
+    memory = {row["segment"].split("#")[1]: row for row in details["memory"]}
+    assert memory and all("predicted_gpu_peak_gib" in row for row in memory.values())
+    assert any("round 1: logprob-loop" in line and "kept" in line for line in lines)

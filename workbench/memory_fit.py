@@ -197,6 +197,12 @@ def measured_allocated(steps: pd.DataFrame, knobs: Mapping[str, Any]) -> dict[st
     return out
 
 
+def measured_reserved(steps: pd.DataFrame) -> float:
+    """The trainer's max reserved GiB over a segment's steps (verl's perf/max_memory_reserved_gb)."""
+    columns = [c for c in ("actor/perf/max_memory_reserved_gb", "critic/perf/max_memory_reserved_gb") if c in steps]
+    return float(pd.to_numeric(steps[columns].stack(), errors="coerce").max()) if columns else math.nan
+
+
 def observation(segment_id: Any, steps: pd.DataFrame, knobs: Mapping[str, Any], *, padded: bool | None = None,
                 inherited: Mapping[str, float] | None = None, gpu_peak_gib: float = math.nan) -> Observation | None:
     """A segment's measured peaks as a calibration point. `inherited`: the readings the same processes had

@@ -89,10 +89,12 @@ def _last_line(tail: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def _gpu_peak(steps: pd.DataFrame, samples: pd.DataFrame, gpus: list[int]) -> float:
+def gpu_peak_gib(steps: pd.DataFrame, samples: pd.DataFrame, gpus: list[int] | None = None) -> float:
+    """NVML's peak memory used (GiB) inside a segment's steps after its warm-up step, on `gpus` (all: None)."""
     measured = steps.sort_values("step").iloc[1:]
     inside = inside_steps(samples, measured)
-    inside = inside[inside["gpu"].isin(gpus)]
+    if gpus is not None:
+        inside = inside[inside["gpu"].isin(gpus)]
     return float(inside["mem_used"].max()) / 1024 if len(inside) and inside["mem_used"].notna().any() else math.nan
 
 
@@ -121,7 +123,7 @@ def build_record(*, meta: Mapping[str, Any], segments: pd.DataFrame, knobs_of: C
         hot = index > 0 and "hot apply" in str(rows[index - 1].get("reason") or "")
         if len(seg):
             obs = memory_fit.observation(row["id"], seg, knobs, padded=padded, inherited=previous if hot else None,
-                                         gpu_peak_gib=_gpu_peak(seg, samples, list(knobs["gpus"])))
+                                         gpu_peak_gib=gpu_peak_gib(seg, samples, list(knobs["gpus"])))
             observations += [obs] if obs else []
             measured.append((row, knobs, seg))
             previous = memory_fit.measured_allocated(seg, knobs)
