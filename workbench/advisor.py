@@ -23,7 +23,7 @@ from . import memory_fit
 from .advice.core import (BUDGET_KNOBS, FINDING_COLUMNS, FUSED_BUDGETS, OFFLOAD_KNOBS, SEVERITIES, THRESHOLDS,
                           Finding, Measurements, measurements, segment_costs)
 from .advice.crash import after_crash
-from .advice.generation import gen_on_poll_grid, gpu_idle, rollout_bound, weight_sync
+from .advice.generation import async_alternation, gen_on_poll_grid, gpu_idle, rollout_bound, weight_sync
 from .advice.placement import pcie_offload, util_spread
 from .advice.record import SessionRecord, build_record
 from .advice.safety import screen
@@ -36,7 +36,7 @@ __all__ = ["BUDGET_KNOBS", "FINDING_COLUMNS", "FUSED_BUDGETS", "MICRO_BATCH_KNOB
 
 RULES: tuple[Callable[[Measurements], Finding | None], ...] = (
     after_crash, oom_risk, logprob_loop, rollout_bound, actor_update_bound, critic_heavy, gpu_idle, util_spread,
-    pcie_offload, memory_headroom, checkpointing_headroom, weight_sync, gen_on_poll_grid,
+    pcie_offload, memory_headroom, checkpointing_headroom, async_alternation, weight_sync, gen_on_poll_grid,
 )
 
 

@@ -109,6 +109,10 @@ THRESHOLDS: dict[str, Threshold] = {
         0.25, "How close to a multiple of the 2 s poll every measured timing_s/gen must end to count as on the grid "
               "(H200: 4.10, 6.09, 8.13, 10.16, 12.09, 16.15 s, all within 0.2 s); by chance two continuous values "
               "land there 1.6 % of the time, three 0.2 %."),
+    "alternation_ratio": Threshold(
+        1.4, "Long over short step under colocate_async above which the steps alternate by design, not by noise: "
+             "the H200's sync steps varied by up to 1.34× (11.6–15.5 s), its colocate_async ones by 1.8–2.6× "
+             "(2026-11-30: 16.0 / 6.8 / 12.9 / 6.1 s; 2026-12-01: 17.8 / 9.7 s)."),
     "rollout_gpu_memory_max": Threshold(
         0.90, "Highest rollout_gpu_memory proposed: vLLM's share of memory, leaving 10 % for the CUDA context "
               "and fragmentation (the knob allows 0.95)."),
