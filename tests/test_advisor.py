@@ -192,9 +192,11 @@ def advised(tiny_model) -> Advised:
     return Advised(Plan.from_verl(runnable_overrides(tiny_model)))
 
 
-RULE_NAMES = ("crash", "async-alternation", "rollout-bound", "critic-heavy", "actor-update-bound", "gpu-idle", "util-spread", "memory-headroom",
-              "oom-risk", "weight-sync", "pcie-offload", "logprob-loop", "checkpointing-headroom", "gen-on-poll-grid")
-FIRES = [("crash", "issue16_crashed"), ("async-alternation", "proof_async"), ("rollout-bound", "run"), ("rollout-bound", "fused_C"), ("critic-heavy", "critic_heavy"),
+RULE_NAMES = ("crash", "async-alternation", "rollout-bound", "critic-heavy", "actor-update-bound", "gpu-idle",
+              "util-spread", "memory-headroom", "oom-risk", "weight-sync", "pcie-offload", "logprob-loop",
+              "checkpointing-headroom", "gen-on-poll-grid")
+FIRES = [("crash", "issue16_crashed"), ("async-alternation", "proof_async"), ("rollout-bound", "run"),
+         ("rollout-bound", "fused_C"), ("critic-heavy", "critic_heavy"),
          ("critic-heavy", "critic_heavy_spare_gpu"), ("actor-update-bound", "actor_bound_fused"), ("gpu-idle", "B"),
          ("gpu-idle", "run"), ("util-spread", "spread_critic_gpu"), ("memory-headroom", "headroom"),
          ("oom-risk", "oom_dynamic"), ("oom-risk", "oom_reserved_micro"), ("weight-sync", "weight_sync_offload"),
@@ -254,8 +256,8 @@ def test_quickstart_gets_fused_kernels_and_what_goes_with_them(case, advised):
     assert f.severity == "high" and advised.findings(case)[0] is f
     assert max(f.evidence["actor_mfu"]) < 0.02 and f.evidence["remove_padding"] is False
     # Memory peaked near 52 % (below 60 %): checkpointing goes too, and the fused run's budgets come with it.
-    assert f.change == {"fused_kernels": True, "use_dynamic_bsz": True, **new_values(FUSED_BUDGETS, advised.knobs(case)),
-                        "gradient_checkpointing": False}
+    assert f.change == {"fused_kernels": True, "use_dynamic_bsz": True,
+                        **new_values(FUSED_BUDGETS, advised.knobs(case)), "gradient_checkpointing": False}
     assert "logprobs_from_logits_v2" in f.evidence_text and "3.9–4.6 s" in f.expected
     # The plan the finding proposes is what ran as C on 2026-12-01: its predicted step is C's measured one ± 15 %.
     steps, _ = recording("fused_C")

@@ -13,6 +13,7 @@ import pytest
 
 from tests import autopilot_recordings as recordings
 from workbench.autopilot import STORY_COLUMNS
+from workbench.knobs import KNOBS
 from workbench.session import ReadOnlySession, Session
 
 SPEED = 30  # recorded seconds per second: the quickstart's 60 s steps take 2 s
@@ -29,6 +30,10 @@ def keep_rollback_stop(tmp_path_factory, tiny_model):
 def crash_then_safer(tmp_path_factory, tiny_model):
     directory = tmp_path_factory.mktemp("autopilot") / "crash-then-safer"
     return directory, recordings.crash_then_safer(directory, tiny_model)
+
+
+def apply_class(change: dict) -> str:
+    return "hot" if all(KNOBS[name].apply == "hot" for name in change) else "restart"
 
 
 def end(session: Session) -> None:
@@ -57,7 +62,9 @@ def test_keeps_the_faster_change_rolls_back_the_slower_and_stops(keep_rollback_s
         assert list(story.columns) == list(STORY_COLUMNS)
         assert list(story["outcome"]) == ["kept", "rolled back"], story[["outcome", "why"]]
         assert story.loc[0, "change"] == plan["lever"] and story.loc[1, "change"] == plan["overlap"]
-        assert story.loc[0, "rule"] == "logprob-loop" and story.loc[0, "mode"] == "restart"
+        # Hot or restart-class as the knob table says (the fused lever is hot since issue 17): the autopilot takes both.
+        assert story.loc[0, "rule"] == "logprob-loop" and story.loc[0, "mode"] == apply_class(plan["lever"])
+        assert story.loc[1, "mode"] == apply_class(plan["overlap"]) == "restart"
         # Each round ran in a segment of its own; the kept one is the new baseline of the next round.
         assert story.loc[1, "segment_id"] > story.loc[0, "segment_id"] > result.before.segment_id
         assert story.loc[0, "measured_step_s"] == pytest.approx(20)

@@ -31,8 +31,8 @@ from .advice.training import (actor_update_bound, checkpointing_headroom, critic
                               memory_headroom, oom_risk)
 from .knobs import MICRO_BATCH_KNOBS
 
-__all__ = ["BUDGET_KNOBS", "FINDING_COLUMNS", "FUSED_BUDGETS", "MICRO_BATCH_KNOBS", "OFFLOAD_KNOBS", "RULES", "THRESHOLDS", "Finding", "Measurements", "SessionRecord",
-           "advice_for", "advise", "findings_frame", "measurements", "record_of", "segment_costs"]
+__all__ = ["BUDGET_KNOBS", "FINDING_COLUMNS", "FUSED_BUDGETS", "MICRO_BATCH_KNOBS", "OFFLOAD_KNOBS", "RULES",
+           "THRESHOLDS", "Finding", "Measurements", "SessionRecord", "advice_for", "advise", "findings_frame", "measurements", "record_of", "segment_costs"]
 
 RULES: tuple[Callable[[Measurements], Finding | None], ...] = (
     after_crash, oom_risk, logprob_loop, rollout_bound, actor_update_bound, critic_heavy, gpu_idle, util_spread,

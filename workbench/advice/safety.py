@@ -109,7 +109,8 @@ def _variants(m: Measurements, change: dict[str, Any]) -> list[tuple[dict[str, A
 def _reason(m: Measurements, change: dict[str, Any], prediction: what_if.Prediction | None,
             failure: Failure | None) -> str:
     if failure is not None:
-        return f"{failure.text} with {'this plan' if same_plan(failure.knobs, {**m.knobs, **change}) else 'less memory there than this plan needs'}"
+        same = same_plan(failure.knobs, {**m.knobs, **change})
+        return f"{failure.text} with {'this plan' if same else 'less memory there than this plan needs'}"
     mem = prediction.memory
     where = "generation" if mem.peak_phase == "gen" else mem.peak_phase
     return (f"the whole change is predicted to peak at {mem.gpu_peak_gib:.0f} ± {mem.band_gib:.0f} GiB in {where}, "
