@@ -96,13 +96,16 @@ def findings_frame(findings: list[Finding]) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------------------ on a session
 # `session` below is a workbench.session.Session, read through its public API only.
-def record_of(session: Any) -> SessionRecord:
-    """The advisor's record of a session: memory model, failures, plan in force."""
+def record_of(session: Any, steps: pd.DataFrame | None = None, samples: pd.DataFrame | None = None
+              ) -> SessionRecord:
+    """The advisor's record of a session: memory model, failures, plan in force (steps and samples: as read
+    already, else read here)."""
     segments = session.segments()
     return build_record(
         meta=session.meta, segments=segments[["id", "status", "reason"]],
-        knobs_of=lambda segment: session.knob_values(segment), steps=session.steps(),
-        samples=session.samples(), events=session.events(), initial_knobs=session.knob_values(),
+        knobs_of=lambda segment: session.knob_values(segment),
+        steps=session.steps() if steps is None else steps, samples=session.samples() if samples is None else samples,
+        events=session.events(), initial_knobs=session.knob_values(),
     )
 
 
@@ -112,14 +115,15 @@ def advice_for(session: Any, segment_id: int | None = None) -> list[Finding]:
     steps = session.steps()
     if steps.empty:
         return []
-    record = record_of(session)
+    samples = session.samples()
+    record = record_of(session, steps, samples)
     if segment_id is None:
         failed = {f.segment_id for f in record.failures}
         counts = steps.groupby("segment_id").size()
         usable = [int(s) for s, n in counts.items() if s not in failed and n > THRESHOLDS["min_steps"].value]
         segment_id = max(usable) if usable else int(steps["segment_id"].max())
-    return advise(steps, session.samples(), session.knob_values(segment_id), segment_id=segment_id,
-                  procs=session.procs(), record=record)
+    return advise(steps, samples, session.knob_values(segment_id), segment_id=segment_id, procs=session.procs(),
+                  record=record)
 
 
 def memory_model_of(session: Any) -> memory_fit.MemoryModel:
