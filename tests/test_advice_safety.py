@@ -121,3 +121,19 @@ def test_the_issue_16_crash_was_predicted_by_the_model_that_scales():
 def test_the_crash_rule_is_silent_without_a_crash(rule):
     found, _, _ = findings(crashed=False)
     assert rule not in [f.rule for f in found]
+
+
+def test_a_critic_of_another_model_is_sized_by_its_own_dimensions():
+    # A 1.5B critic beside a 0.5B actor (dims as their configs say): the critic's passes and states grow, the
+    # actor's old log-prob pass doesn't.
+    small, large = memory.KNOWN_SHAPES["qwen2.5-0.5b"], memory.KNOWN_SHAPES["qwen2.5-1.5b"]
+    plan = issue16_knobs()
+    same = memory.predict_memory(plan, small, 140.4)
+    mixed = memory.predict_memory(plan, small, 140.4, critic_shape=large)
+    assert mixed.phase_gib("update_critic") - same.phase_gib("update_critic") > \
+        12 * (large.value_params - small.value_params) / 2**30
+    states = 12 * (large.value_params - small.value_params) / 2**30  # the critic's idle fp32 weights and Adam
+    assert mixed.phase_gib("old_log_prob") - same.phase_gib("old_log_prob") == pytest.approx(states, rel=1e-6)
+    model = memory_fit.MemoryModel.fit(small, [], 140.4, critic_shape=large)
+    assert model.predict(plan, 140.4).phase_gib("update_critic") == pytest.approx(mixed.phase_gib("update_critic"))
+    assert memory_fit.MemoryModel.fit(small, [], 140.4, critic_shape=small).critic_shape is None

@@ -313,9 +313,14 @@ def rollout_floor_gib(knobs: Mapping[str, Any], shape: ModelShape, coef: Coeffic
 
 def predict_memory(knobs: Mapping[str, Any], shape: ModelShape, mem_total_gib: float, *,
                    coefficients: Coefficients = COEFFICIENTS, roles: Roles = Roles(),
-                   sequences: Sequences = Sequences()) -> MemoryPrediction:
-    """The plan with knob values `knobs` on a GPU of `mem_total_gib` (NaN: unknown)."""
+                   sequences: Sequences = Sequences(), critic_shape: ModelShape | None = None) -> MemoryPrediction:
+    """The plan with knob values `knobs` on a GPU of `mem_total_gib` (NaN: unknown); the critic's model has
+    `critic_shape` when it differs from the policy's."""
     coef = coefficients
+
+    def of(role: str) -> ModelShape:
+        return critic_shape if role == "critic" and critic_shape is not None else shape
+
     running = [p for p in PASSES if (p.role != "critic" or roles.critic) and (p.role != "ref" or roles.ref)]
     in_process: dict[str, list[str]] = {}
     for role in ("actor", "ref", "critic"):
@@ -324,10 +329,10 @@ def predict_memory(knobs: Mapping[str, Any], shape: ModelShape, mem_total_gib: f
     rows = []
     for p in running:
         process = process_of(p.role, knobs)
-        resident = sum(_state_bytes(r, knobs, shape, active=(r == p.role), training=p.grad)
+        resident = sum(_state_bytes(r, knobs, of(r), active=(r == p.role), training=p.grad)
                        for r in in_process[process])
         tokens = micro_batch_tokens(knobs, p, sequences)
-        transient = _transient_bytes(p, knobs, shape, coef, tokens)
+        transient = _transient_bytes(p, knobs, of(p.role), coef, tokens)
         rows.append({"phase": p.phase, "role": p.role, "process": process, "tokens": tokens,
                      "resident_gib": resident / GIB, "transient_gib": transient / GIB,
                      "allocated_gib": (resident + transient) / GIB})
@@ -335,7 +340,7 @@ def predict_memory(knobs: Mapping[str, Any], shape: ModelShape, mem_total_gib: f
                                          "allocated_gib"])
     allocated = phases.groupby("process")["allocated_gib"].max().to_dict()
     reserved = {proc: gib + coef.allocator_gib for proc, gib in allocated.items()}
-    idle = {proc: sum(_state_bytes(r, knobs, shape, active=False, training=False) for r in roles_) / GIB
+    idle = {proc: sum(_state_bytes(r, knobs, of(r), active=False, training=False) for r in roles_) / GIB
             for proc, roles_ in in_process.items()}
     colocated_rollout = not (knobs.get("trainer_mode") == "separate_async" and int(knobs.get("rollout_gpus") or 0))
     trainer_gpu = process_of("actor", knobs)

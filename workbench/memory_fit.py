@@ -57,7 +57,8 @@ class Calibration:
 
 
 def calibrate(observations: Iterable[Observation], shape: ModelShape, mem_total_gib: float,
-              crashes: Iterable[Crash] = (), base: Coefficients = COEFFICIENTS) -> Calibration:
+              crashes: Iterable[Crash] = (), base: Coefficients = COEFFICIENTS,
+              critic_shape: ModelShape | None = None) -> Calibration:
     """Refit the activation scale to the session's segments (least squares over measured − resident, with the
     prior scale counting as one observation), then raise it until every crashed plan predicts a peak at least
     at the GPU's capacity in the phase it crashed in: a crash says the plan needed more than there was."""
@@ -67,7 +68,7 @@ def calibrate(observations: Iterable[Observation], shape: ModelShape, mem_total_
     pairs = []
     for obs in observations:
         unit = predict_memory(obs.knobs, shape, mem_total_gib, coefficients=replace(base, activation=1.0),
-                              roles=obs.roles, sequences=obs.sequences)
+                              roles=obs.roles, sequences=obs.sequences, critic_shape=critic_shape)
         for process, measured in obs.allocated_gib.items():
             rows = unit.phases[unit.phases["process"] == process]
             if rows.empty or not measured > 0:
@@ -85,24 +86,25 @@ def calibrate(observations: Iterable[Observation], shape: ModelShape, mem_total_
                    f"{base.activation:.2f}")
     residuals = []
     for obs, process, measured in pairs:
-        p = predict_memory(obs.knobs, shape, mem_total_gib, coefficients=coef, roles=obs.roles, sequences=obs.sequences)
+        p = predict_memory(obs.knobs, shape, mem_total_gib, coefficients=coef, roles=obs.roles,
+                           sequences=obs.sequences, critic_shape=critic_shape)
         residuals.append(measured - p.process_allocated_gib.get(process, math.nan))
     spread = max((abs(r) for r in residuals if not math.isnan(r)), default=0.0)
     if spread > coef.floor_gib:
         coef = replace(coef, floor_gib=spread)
         why.append(f"band at least {spread:.1f} GiB: the largest miss on this session's own segments")
-    coef, said = _fit_rollout(observations, shape, mem_total_gib, coef)
+    coef, said = _fit_rollout(observations, shape, mem_total_gib, coef, critic_shape)
     if said:
         why.append(said)
     for crash in crashes:
-        coef, said = _lower_bound(crash, shape, mem_total_gib, coef)
+        coef, said = _lower_bound(crash, shape, mem_total_gib, coef, critic_shape)
         if said:
             why.append(said)
     return Calibration(coef, len(pairs), tuple(residuals), tuple(c.segment_id for c in crashes), tuple(why))
 
 
 def _fit_rollout(observations: list[Observation], shape: ModelShape, mem_total_gib: float,
-                 coef: Coefficients) -> tuple[Coefficients, str]:
+                 coef: Coefficients, critic_shape: ModelShape | None = None) -> tuple[Coefficients, str]:
     """The rollout engine's peak above its memory share, from the segments whose GPU peaked while generating
     (vLLM may take more than its share: up to 16 GiB more at 0.4 on the H200)."""
     needs = []
@@ -110,7 +112,7 @@ def _fit_rollout(observations: list[Observation], shape: ModelShape, mem_total_g
         if not (obs.gpu_peak_gib > 0 and mem_total_gib > 0):
             continue
         p = predict_memory(obs.knobs, shape, mem_total_gib, coefficients=coef, roles=obs.roles,
-                           sequences=obs.sequences)
+                           sequences=obs.sequences, critic_shape=critic_shape)
         if obs.gpu_peak_gib > p.train_peak_gib:
             needs.append(coef.rollout_extra_gib + obs.gpu_peak_gib - p.gen_peak_gib)
     if not needs:
@@ -129,13 +131,13 @@ def _logits_gib(row: pd.Series, knobs: Mapping[str, Any], shape: ModelShape, coe
     return row["tokens"] * per_token / GIB
 
 
-def _lower_bound(crash: Crash, shape: ModelShape, mem_total_gib: float,
-                 coef: Coefficients) -> tuple[Coefficients, str]:
+def _lower_bound(crash: Crash, shape: ModelShape, mem_total_gib: float, coef: Coefficients,
+                 critic_shape: ModelShape | None = None) -> tuple[Coefficients, str]:
     """Coefficients under which the crashed plan's training peak reaches the GPU's capacity."""
     if not mem_total_gib > 0:
         return coef, ""
     p = predict_memory(crash.knobs, shape, mem_total_gib, coefficients=coef, roles=crash.roles,
-                       sequences=crash.sequences)
+                       sequences=crash.sequences, critic_shape=critic_shape)
     if crash.phase == "gen" or (not crash.phase and p.gen_peak_gib >= p.train_peak_gib):
         # Only what the rollout engine's own knobs move is scaled (its profiling pass), never its share.
         weights = rollout_floor_gib(crash.knobs, shape, replace(coef, rollout_activation=0.0))
@@ -216,13 +218,14 @@ def observation(segment_id: Any, steps: pd.DataFrame, knobs: Mapping[str, Any], 
                        sequences_from_steps(steps, padded), gpu_peak_gib)
 
 
-def shape_for(meta: Mapping[str, Any], knobs_or_plan_dir: Any = None) -> ModelShape | None:
-    """The model's dimensions: the session's meta (`model_shape`, recorded at launch), else the config.json at the
-    plan's model path when it is readable here."""
-    shape = ModelShape.from_config(meta.get("model_shape"), "the session's recorded model shape")
-    if shape is not None or knobs_or_plan_dir is None:
+def shape_for(meta: Mapping[str, Any], model_dir: str | None = None,
+              key: str = "model_shape") -> ModelShape | None:
+    """A model's dimensions: the session's meta (`key`, recorded at launch), else the config.json in the plan's
+    model directory when it is readable here."""
+    shape = ModelShape.from_config(meta.get(key), "the session's recorded model shape")
+    if shape is not None or model_dir is None:
         return shape
-    config = Path(knobs_or_plan_dir) / "config.json"
+    config = Path(model_dir) / "config.json"
     try:
         return ModelShape.from_config(json.loads(config.read_text()), f"{config}")
     except (OSError, ValueError):
@@ -252,18 +255,22 @@ class MemoryModel:
 
     shape: ModelShape
     calibration: Calibration
+    critic_shape: ModelShape | None = None  # when the critic's model differs from the policy's
 
     def predict(self, knobs: Mapping[str, Any], mem_total_gib: float, roles: Roles = Roles(),
                 sequences: Sequences = Sequences()) -> MemoryPrediction:
         return predict_memory(knobs, self.shape, mem_total_gib, coefficients=self.calibration.coefficients,
-                              roles=roles, sequences=sequences)
+                              roles=roles, sequences=sequences, critic_shape=self.critic_shape)
 
     @classmethod
     def fit(cls, shape: ModelShape | None, observations: Iterable[Observation], mem_total_gib: float,
-            crashes: Iterable[Crash] = ()) -> "MemoryModel":
+            crashes: Iterable[Crash] = (), critic_shape: ModelShape | None = None) -> "MemoryModel":
         observations = list(observations)
         shape = shape or infer_shape(observations, mem_total_gib)
-        return cls(shape, calibrate(observations, shape, mem_total_gib, crashes))
+        critic_shape = critic_shape if critic_shape is not None and critic_shape.as_dict() != shape.as_dict() \
+            else None
+        return cls(shape, calibrate(observations, shape, mem_total_gib, crashes, critic_shape=critic_shape),
+                   critic_shape)
 
     @property
     def text(self) -> str:

@@ -143,18 +143,23 @@ def build_record(*, meta: Mapping[str, Any], segments: pd.DataFrame, knobs_of: C
                                    memory_fit.scaled_sequences(sequences, basis_knobs, f.knobs) if basis_knobs
                                    else sequences)
                   for f in failures if f.oom]
-    shape = memory_fit.shape_for(meta, _model_path(initial_knobs, meta))
-    model = memory_fit.MemoryModel.fit(shape, observations, mem_total, crash_fits)
+    actor_path, critic_path = _model_path(meta, "actor_rollout_ref"), _model_path(meta, "critic")
+    shape = memory_fit.shape_for(meta, actor_path)
+    # The critic's own dimensions only when it is another model (verl's value model of the same one: None).
+    critic = memory_fit.shape_for(meta, critic_path, key="critic_model_shape") if critic_path != actor_path \
+        else None
+    model = memory_fit.MemoryModel.fit(shape, observations, mem_total, crash_fits, critic_shape=critic)
     in_force, in_force_segment = _plan_in_force(rows, knobs_of, steps, initial_knobs)
     return SessionRecord(model, mem_total, tuple(failures), in_force, in_force_segment, padded, roles, sequences)
 
 
-def _model_path(knobs: Mapping[str, Any], meta: Mapping[str, Any]) -> str | None:
+def _model_path(meta: Mapping[str, Any], role: str) -> str | None:
+    """The model path the session's initial plan gives `role` ("actor_rollout_ref" or "critic")."""
     plan = meta.get("initial_plan")
     if not plan:
         return None
     for override in json.loads(plan).get("overrides", []):
-        if override.startswith("actor_rollout_ref.model.path="):
+        if override.startswith(f"{role}.model.path="):
             return override.split("=", 1)[1]
     return None
 
