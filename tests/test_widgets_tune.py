@@ -75,6 +75,7 @@ def test_operator_tunes_and_stop_ends_the_tune(replay):
         assert "ended because" in status and "<table" in panel.result.value
 
 
+@pytest.mark.slow
 def test_viewer_cannot_start_the_autopilot(replay):
     d = Dashboard(Session.attach(replay.dir, read_only=True), live=False)
     control = d.tune.autopilot
@@ -85,6 +86,7 @@ def test_viewer_cannot_start_the_autopilot(replay):
     assert html.escape(READ_ONLY_REASON) in control.status.value
 
 
+@pytest.mark.slow
 def test_operator_starts_the_autopilot_and_stop_ends_it(replay):
     d = Dashboard(replay, live=False)
     control, tune = d.tune.autopilot, d.tune
