@@ -143,7 +143,8 @@ def test_every_panel_shows_the_session(proof):
     d.refresh()
     assert "actor_rollout_ref:" in d.export.text.value
     budget = d.changes.editors["actor_token_budget"]
-    assert isinstance(budget.control, W.IntSlider) and budget.control.value == 4096 and budget.apply == "hot"
+    assert isinstance(budget.control, W.IntText) and budget.control.value == 4096 and budget.apply == "hot"
+    assert budget.slider.value == 4096 and 32768 in budget.slider.options  # a stepped scale beside the entry
     assert "restart" in d.changes.editors["trainer_mode"].label.value
     assert d.changes.editors["ref_token_budget"].control.disabled  # no reference policy in this plan
     assert "no reference policy" in d.changes.editors["ref_token_budget"].message.value

@@ -84,6 +84,9 @@ CSS = """
 .wb-why {color: #777; font-size: 12px;} .wb-changed {color: #1565c0; font-size: 12px;}
 .wb-knob-bad .widget-slider, .wb-knob-bad input {outline: 2px solid #c62828;}
 .wb-muted {color: #777;}
+.wb-dashboard [disabled], .wb-dashboard button:disabled {opacity: 0.5; cursor: not-allowed;}
+.wb-hint {margin: 2px 0 4px 0;} .wb-hint-text {color: #1565c0; font-size: 13px;}
+.wb-finding-line {font-size: 13px; margin-left: 6px;} .wb-finding-why {font-size: 12px; color: #555; margin-left: 6px;}
 .wb-stat {display: inline-block; margin-right: 18px;} .wb-stat b {font-size: 15px;}
 .wb-state {font-weight: bold; padding: 1px 6px; border-radius: 3px; background: #eee;}
 .wb-state-running {background: #c8e6c9;} .wb-state-restarting, .wb-state-starting {background: #ffe0b2;}

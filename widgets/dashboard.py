@@ -126,11 +126,14 @@ class Dashboard:
         self._tick = threading.Lock()  # one read+prepare at a time (the loop, or a refresh() call)
         self.timings_ms: dict[str, float] = {}
         self.charts = (self.utilization.chart, self.steps.chart, self.throughput.chart)
-        self._built_at = time.monotonic()
         self.paused_for_no_view = False
         self._task: asyncio.Task | None = None
         self._closed = False
-        self.refresh()
+        if live:  # what is at hand now (the charts); the knob editors follow when their derived read is in
+            self._show(self._read(everything=True))
+        else:
+            self.refresh()
+        self._built_at = time.monotonic()  # the page renders once the kernel is done building it
         if live:
             self.start()
 
@@ -191,8 +194,10 @@ class Dashboard:
 
     def refresh(self) -> dict[str, float]:
         """One full refresh of every panel, synchronously: the store's news read (only rows newer than those held;
-        rate-limited derived reads as in a tick; advice arrives from its own thread on a later refresh) and every
+        the derived reads as in a tick, waited for; advice arrives from its own thread on a later refresh) and every
         panel recomputed and re-sent. Returns milliseconds per stage (read, then each panel's prepare + show)."""
+        self._show(self._read(everything=True))
+        self.ctx.feed.wait_for_derived()
         self._show(self._read(everything=True))
         return dict(self.timings_ms)
 

@@ -47,6 +47,8 @@ class ExportPanel:
             self._dirty = True
 
     def prepare(self, feed, news):
+        if not len(feed.segments):  # exporting needs verl's config (seconds to import): after the derived reads
+            return None
         with self.ctx.lock:
             dirty, self._dirty = self._dirty, False
             segment, fmt = self.segment.value, self.format.value

@@ -21,7 +21,13 @@ TABLES = ("steps", "samples", "procs", "events", "segments", "commands", "meta")
 # Buckets per GPU the SQL aggregation returns for a window; the charts downsample further (min/max-preserving).
 SAMPLE_BUCKETS = 2000
 # Seconds between re-reads of derived data that only moves at step pace.
-MIN_INTERVAL_S = {"segments": 3.0, "placement": 3.0, "findings": 30.0}
+MIN_INTERVAL_S = {"knobs": 0.0, "segments": 3.0, "placement": 3.0, "findings": 30.0}
+# Derived reads: news name -> (the feed's attribute, the poll tables whose news make it stale, the Session method).
+DERIVED = {
+    "knobs": ("knob_table", {"segments"}, "knob_table"),
+    "segments": ("segments", {"segments", "steps"}, "segments"),
+    "placement": ("placement", {"procs", "segments"}, "placement"),
+}
 EVENTS_KEPT = 500
 # Steps the step breakdown shows; their GPU-busy share needs the samples of their time span.
 STEPS_SHOWN = 60
@@ -107,6 +113,9 @@ class Feed:
         self._stale: set[str] = set()  # derived reads with news not read yet (rate-limited)
         self._advice: threading.Thread | None = None
         self._advice_result: tuple | None = None
+        self._deriving: threading.Thread | None = None
+        self._derived_results: dict[str, Any] = {}
+        self._derived_lock = threading.Lock()
 
     def _due(self, name: str) -> bool:
         return time.monotonic() - self._read_at.get(name, -math.inf) >= MIN_INTERVAL_S[name]
@@ -145,22 +154,49 @@ class Feed:
         if ("samples" in changed or "steps" in news) and len(self.steps):
             self.step_samples = self._step_buckets.read(s, self._steps_span())
             news.add("step_samples")
-        if "segments" in changed:
-            self.knob_table = s.knob_table()
-            news.add("knobs")
-        for name, triggers, reader in (
-            ("segments", {"segments", "steps"}, s.segments),
-            ("placement", {"procs", "segments"}, s.placement),
-        ):
-            if changed & triggers:
-                self._stale.add(name)
-            if name in self._stale and self._due(name):
-                setattr(self, name, reader())
-                self._read_at[name] = time.monotonic()
-                self._stale.discard(name)
-                news.add(name)
+        news |= self._derive(changed)
         news |= self._advise(changed)
         return news
+
+    def _derive(self, changed: set[str]) -> set[str]:
+        """The derived reads (knob table, segments with their figures, placement) run in a thread of their own, one
+        after the other, when their tables have news and their interval has passed: the knob table's first read
+        imports verl for its defaults (seconds), and the charts must not wait for it. Their results land here."""
+        news = set()
+        with self._derived_lock:
+            results, self._derived_results = self._derived_results, {}
+        for name, value in results.items():
+            setattr(self, DERIVED[name][0], value)
+            news.add(name)
+        for name, (_, triggers, _reader) in DERIVED.items():
+            if changed & triggers:
+                self._stale.add(name)
+        due = [name for name in DERIVED if name in self._stale and self._due(name)]
+        if due and not (self._deriving is not None and self._deriving.is_alive()):
+            session = self.session
+            for name in due:
+                self._stale.discard(name)
+                self._read_at[name] = time.monotonic()
+
+            def run() -> None:
+                for name in due:
+                    try:
+                        value = getattr(session, DERIVED[name][2])()
+                    except Exception:  # e.g. the store went away: keep what is held; the next news retries
+                        with self._derived_lock:
+                            self._stale.add(name)
+                        continue
+                    with self._derived_lock:
+                        self._derived_results[name] = value
+
+            self._deriving = threading.Thread(target=run, name="wb-derived", daemon=True)
+            self._deriving.start()
+        return news
+
+    def wait_for_derived(self, timeout: float = 120.0) -> None:
+        """Block until the derived reads under way have finished (a full refresh); the next read picks them up."""
+        if self._deriving is not None:
+            self._deriving.join(timeout)
 
     def _steps_span(self) -> float:
         """Seconds from the start of the first step the breakdown shows to the newest sample (+ a margin)."""

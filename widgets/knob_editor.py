@@ -1,8 +1,10 @@
 """One editor widget per knob, generated from a row of `Session.knob_table()` (never written by hand per knob).
 
-The control follows the knob's kind: a slider for numbers with a range (open-ended ranges get a slider up to a
-power of two well above the current value), a checkbox for bools, toggle buttons for choices, one toggle per GPU
-for a GPU set, and a text field (parsed by the knob's own parser) for names, lists and environment variables.
+The control follows the knob's kind: for numbers a typed entry (the value: never clamped; a value out of the knob's
+range is marked by the preview) beside a slider on a stepped scale (integers: 0–8, then powers of two and 1.5× powers
+of two, so 1 to 262 144 fits in 36 stops rather than 770 tokens a pixel; open-ended ranges up to a power of two well
+above the current value), a checkbox for bools, toggle buttons for choices, one toggle per GPU for a GPU set, and a
+text field (parsed by the knob's own parser) for names, lists and environment variables.
 Each editor shows the knob's apply class (hot / restart), why it is off where it is irrelevant, and the problem
 or warning a preview found for it.
 """
@@ -19,7 +21,26 @@ import numpy as np
 from workbench.knobs import KNOBS
 
 TEXT_KINDS = ("str", "env")
-SLIDER_WIDTH = "340px"
+SLIDER_WIDTH = "240px"
+ENTRY_WIDTH = "110px"
+LINEAR_UP_TO = 8  # integer stops below this are every integer
+
+
+def stepped_scale(low: int, high: int, *keep: int) -> list[int]:
+    """Integer stops from low to high: every integer up to LINEAR_UP_TO, then 2^k and 1.5·2^k; plus `keep` (the
+    current and default values) where they lie inside."""
+    stops = set(range(low, min(high, LINEAR_UP_TO) + 1))
+    power = LINEAR_UP_TO
+    while power <= high:
+        stops.update(v for v in (power, power * 3 // 2) if low <= v <= high)
+        power *= 2
+    stops.update(v for v in keep if isinstance(v, int) and low <= v <= high)
+    return sorted(stops)
+
+
+def nearest(options: list, value: Any) -> Any:
+    """The option nearest to value (the slider's place for a typed value between stops or outside the scale)."""
+    return min(options, key=lambda option: abs(option - value)) if isinstance(value, (int, float)) else options[0]
 
 
 def plain(value: Any) -> Any:
@@ -66,8 +87,8 @@ class KnobEditor:
             layout=W.Layout(width="230px"),
         )
         self.message = W.HTML(_dom_classes=["wb-knob-message"])
-        self.widget = W.HBox([self.label, self.control, self.message],
-                             _dom_classes=["wb-knob", f"wb-knob-{self.name}"])
+        controls = [self.slider, self.control] if self.slider is not None else [self.control]
+        self.widget = W.HBox([self.label, *controls, self.message], _dom_classes=["wb-knob", f"wb-knob-{self.name}"])
         self.widget.layout.align_items = "center"
         self.relevant = bool(row.get("relevant", True))
         self.why_irrelevant = str(row.get("why_irrelevant") or "")
@@ -76,18 +97,26 @@ class KnobEditor:
 
     # ----------------------------------------------------------------- building
     def _make_control(self, row: dict[str, Any], gpu_count: int | None) -> W.Widget:
+        """The widget that holds the knob's value (self.control); numbers also get self.slider beside it."""
         value, default = self.current, plain(row.get("default"))
         low, high = _bound(row.get("min")), _bound(row.get("max"))
-        common = dict(continuous_update=False, layout=W.Layout(width=SLIDER_WIDTH))
+        self.slider = None
         if self.kind == "int" and not self.nullable:
             low = int(low) if low is not None else 0
             if high is None:
                 top = max(abs(v) for v in (value, default, low, 4) if isinstance(v, (int, float)))
                 high = 2 ** math.ceil(math.log2(16 * top))
-            widget = W.IntSlider(value=value if value is not None else low, min=low, max=int(high), **common)
+            options = stepped_scale(low, int(high), value, default)
+            self.slider = W.SelectionSlider(options=options, value=nearest(options, value), continuous_update=False,
+                                            readout=False, layout=W.Layout(width=SLIDER_WIDTH))
+            widget = W.IntText(value=value if value is not None else low, continuous_update=False,
+                               layout=W.Layout(width=ENTRY_WIDTH))
         elif self.kind == "float" and low is not None and high is not None:
-            widget = W.FloatSlider(value=value if value is not None else low, min=low, max=high, step=0.01,
-                                   readout_format=".2f", **common)
+            self.slider = W.FloatSlider(value=min(max(value if value is not None else low, low), high), min=low,
+                                        max=high, step=0.01, readout=False, continuous_update=False,
+                                        layout=W.Layout(width=SLIDER_WIDTH))
+            widget = W.FloatText(value=value if value is not None else low, continuous_update=False,
+                                 layout=W.Layout(width=ENTRY_WIDTH))
         elif self.kind == "bool":
             widget = W.Checkbox(value=bool(value), indent=False, layout=W.Layout(width="auto"))
         elif self.kind == "choice":
@@ -108,10 +137,32 @@ class KnobEditor:
             widget = W.Text(value=as_text(self.kind, value), placeholder=placeholder, continuous_update=False,
                             layout=W.Layout(width=SLIDER_WIDTH))
         widget.observe(self._changed, "value")
+        if self.slider is not None:
+            self.slider.observe(self._slid, "value")
         return widget
+
+    def _slid(self, change) -> None:
+        """The slider moved: its stop is the typed entry's new value (which previews the change)."""
+        if not self._quiet:
+            self.control.value = change["new"]
+
+    def _follow_entry(self) -> None:
+        """Put the slider where the typed value is (the nearest stop; inside the range: a float slider clamps)."""
+        if self.slider is None:
+            return
+        self._quiet = True
+        try:
+            value = self.control.value
+            if isinstance(self.slider, W.SelectionSlider):
+                self.slider.value = nearest(list(self.slider.options), value)
+            else:
+                self.slider.value = min(max(value, self.slider.min), self.slider.max)
+        finally:
+            self._quiet = False
 
     def _changed(self, _change) -> None:
         if not self._quiet:
+            self._follow_entry()
             self._on_change(self.name)
 
     # ----------------------------------------------------------------- reading and setting
@@ -150,21 +201,25 @@ class KnobEditor:
                     button.value = i in (self.current or [])
             elif isinstance(self.control, W.Text):
                 self.control.value = as_text(self.kind, self.current)
-            elif isinstance(self.control, (W.IntSlider, W.FloatSlider)):
-                if self.current is not None and self.current > self.control.max:
-                    self.control.max = type(self.control.max)(2 ** math.ceil(math.log2(16 * self.current)))
-                self.control.value = self.current if self.current is not None else self.control.min
+            elif self.slider is not None:
+                if isinstance(self.slider, W.SelectionSlider) and isinstance(self.current, int) \
+                        and self.current not in self.slider.options:
+                    options = list(self.slider.options)
+                    high = max(options[-1], 2 ** math.ceil(math.log2(16 * max(self.current, 1))))
+                    self.slider.options = stepped_scale(options[0], high, self.current)
+                self.control.value = self.current if self.current is not None else self.control.value
             else:
                 self.control.value = self.current
         finally:
             self._quiet = False
+        self._follow_entry()
         self.mark()
 
     def set_enabled(self, operator: bool, read_only_reason: str, edit_irrelevant: bool = False) -> None:
         """Off for viewers; off where the knob changes nothing in the plan in force, unless the operator asks to
         edit such knobs too (a change that turns them on, e.g. use_dynamic_bsz with budgets, or a plan to match)."""
         enabled = operator and (self.relevant or edit_irrelevant)
-        controls = self._gpu_buttons if self.kind == "gpus" else [self.control]
+        controls = self._gpu_buttons if self.kind == "gpus" else [self.control, self.slider] if self.slider else [self.control]
         for control in controls:
             if control.disabled == enabled:
                 control.disabled = not enabled

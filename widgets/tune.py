@@ -61,7 +61,7 @@ class TunePanel:
 
     # ----------------------------------------------------------------- the update loop
     def prepare(self, feed, news):
-        options = tunable(self.ctx.session.knob_table()) if news & {"knobs", "meta", "state"} else None
+        options = tunable(feed.knob_table) if "knobs" in news and len(feed.knob_table) else None
         with self.ctx.lock:
             return options, self.state, self.message, self.trials_html, self.autopilot.snapshot()
 

@@ -243,13 +243,13 @@ def wait_until(condition, timeout: float, what: str, poll: float = 0.5):
 
 
 def set_slider(page, knob: str, value: int) -> None:
-    """Type a value into an ipywidgets slider's editable readout (what a user does for an exact number)."""
-    readout = page.locator(f".wb-knob-{knob} .widget-readout")
-    readout.click()
+    """Type a value into a number knob's entry beside its slider (what a user does for an exact number)."""
+    entry = page.locator(f".wb-knob-{knob} input[type=number]")
+    entry.click()
     page.keyboard.press("Control+A")
     page.keyboard.type(str(value))
     page.keyboard.press("Enter")
-    readout.blur()
+    entry.blur()
 
 
 def set_budgets(page, value: int) -> None:

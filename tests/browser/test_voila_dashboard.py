@@ -69,7 +69,7 @@ def test_a_viewer_sees_the_charts_but_cannot_apply(up, browser, token):
     url = up.viewer_url + (f"&token={token}" if token else "")
     page = open_dashboard(browser, url)
     wait_until(lambda: chart_points(page), 60, "a chart with points")
-    assert page.locator(".wb-knob-actor_token_budget .widget-readout").get_attribute("contenteditable") != "true"
+    assert page.locator(".wb-knob-actor_token_budget input[type=number]").is_disabled()
     assert not page.locator(".wb-apply").is_enabled()
     assert "read-only" in page.inner_text(".wb-dashboard")
     for selector in (".wb-pause", ".wb-stop"):

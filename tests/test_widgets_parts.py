@@ -1,0 +1,116 @@
+"""Parts of the dashboard that need no session (fast): the chart widget's wire format and view heartbeat, the knob
+editors' stepped scale and unclamped entry, messages said once, advice named by measurements."""
+
+from __future__ import annotations
+
+import time
+
+import ipywidgets as W
+import numpy as np
+import pytest
+from ipywidgets.widgets.widget import _remove_buffers
+
+from widgets.advisor import gain_line, measurement_names
+from widgets.common import said_once
+from widgets.knob_editor import KnobEditor, stepped_scale
+from widgets.plot import RESYNC_AFTER_S, Chart, plotly_js, to_wire
+
+BUDGET_ROW = {"name": "actor_token_budget", "kind": "int", "apply": "hot", "value": 4096, "default": 16384,
+              "min": 1, "max": None, "relevant": True, "help": "tokens per GPU per micro batch"}
+
+
+def test_a_charts_state_is_its_data_with_float_arrays_as_binary():
+    chart = Chart({"title": {"text": "t"}})
+    x = np.arange(5, dtype=np.float64)
+    chart.draw([{"type": "scatter", "x": x, "y": np.array([1.0, np.nan, 3, 4, 5]), "name": "a", "text": ["p", "q"]}])
+    state, paths, buffers = _remove_buffers(chart.get_state())
+    assert ["figure", "data", 0, "x", "wb_f8"] in paths and ["figure", "data", 0, "y", "wb_f8"] in paths
+    y = np.frombuffer(bytes(buffers[paths.index(["figure", "data", 0, "y", "wb_f8"])]), dtype="<f8")
+    assert np.isnan(y[1]) and y[4] == 5.0  # NaN stays a gap, no JSON on the way
+    assert state["figure"]["data"][0]["text"] == ["p", "q"] and state["revision"] == 1
+    assert chart.trace("a")["x"] is x and to_wire({"k": np.int64(3)}) == {"k": 3}
+
+
+def test_plotly_js_comes_from_the_installed_package_once_per_kernel():
+    loader = plotly_js()
+    assert loader is plotly_js() and len(loader.source) > 1_000_000  # gzipped plotly.min.js, no network
+    assert loader.source[:2] == b"\x1f\x8b"
+
+
+def test_a_view_that_missed_an_update_gets_the_state_again(monkeypatch):
+    chart = Chart({})
+    chart.draw([])
+    sent = []
+    monkeypatch.setattr(chart, "send_state", lambda keys=None: sent.append(keys))
+    chart._from_view(chart, {"kind": "view", "revision": -1}, [])  # plotly.js still loading: nothing to resend
+    assert chart.last_view_at is not None and not sent
+    chart._sent_at = time.monotonic() - RESYNC_AFTER_S - 1
+    chart._from_view(chart, {"kind": "view", "revision": 0}, [])  # drew revision 0, the newest is 1
+    assert sent == [["figure", "revision"]]
+    chart._from_view(chart, {"kind": "view", "revision": chart.revision}, [])
+    assert len(sent) == 1
+
+
+def test_budgets_get_a_stepped_scale_and_an_entry_that_never_clamps():
+    stops = stepped_scale(1, 262144, 4096, 5000)
+    assert len(stops) < 45 and {1, 8, 12, 4096, 5000, 6144, 262144} <= set(stops)
+    edited = []
+    editor = KnobEditor(BUDGET_ROW, edited.append)
+    assert isinstance(editor.control, W.IntText) and editor.slider.value == 4096
+    editor.slider.value = 16384  # a drag to a stop
+    assert editor.control.value == 16384 and edited == ["actor_token_budget"]
+    editor.control.value = 10 ** 7  # typed, above the scale: kept as typed, the slider at its end
+    assert editor.read() == (10 ** 7, None) and editor.slider.value == editor.slider.options[-1]
+    editor.mark("actor_token_budget: above the most a GPU can hold")
+    assert "wb-knob-bad" in editor.widget._dom_classes
+    editor.set_enabled(False, "read-only")
+    assert editor.control.disabled and editor.slider.disabled
+
+
+@pytest.mark.parametrize("prefix, text, said", [
+    ("queued", "queued: waiting for the supervisor", "queued: waiting for the supervisor"),
+    ("refused", "the budget is too small", "refused: the budget is too small"),
+    ("actor_token_budget", "actor_token_budget: 100 tokens is below 1024", "actor_token_budget: 100 tokens is below 1024"),
+])
+def test_messages_are_said_once(prefix, text, said):
+    assert said_once(prefix, text) == said
+
+
+def test_advice_names_measurements_not_repository_paths():
+    text = "fused kernels on the H200 (tests/data/h200_fused_logprob_2026-12-01, same workload) see shared/DESIGN.md"
+    named = measurement_names(text)
+    assert "the H200 measurements of 2026-12-01" in named and "tests/" not in named and "shared/" not in named
+    assert gain_line("Shorter steps: update_actor 38 s → 4 s; log-prob 10 → 2 s. Predicted: 18 s.") == \
+        "Shorter steps: update_actor 38 s → 4 s; log-prob 10 → 2 s"
+
+
+def test_the_update_loop_pauses_without_a_view_and_resumes_at_the_next(monkeypatch):
+    """A page kernel whose page is gone must fall idle (Jupyter's culling ends idle kernels): no store reads, no
+    messages. The dashboard of a recording opened read-only (no supervisor), its loop run on an event loop."""
+    import asyncio
+
+    import widgets.dashboard as dashboard
+    from workbench.session import Session, resolve_recording
+
+    monkeypatch.setattr(dashboard, "NO_VIEW_PAUSE_S", 1.0)
+    monkeypatch.setattr(dashboard, "FIRST_VIEW_WAIT_S", 2.0)
+    monkeypatch.setattr(dashboard, "PAUSED_POLL_S", 0.05)
+    d = dashboard.Dashboard(Session.attach(resolve_recording("h200-tuning"), read_only=True))  # no loop yet: not started
+    reads = []
+    monkeypatch.setattr(d, "_read", lambda everything: reads.append(time.monotonic()) or [None] * len(d.panels))
+
+    async def watch() -> tuple[int, int, bool]:
+        assert d.start()
+        await asyncio.sleep(0.4)
+        seen_before = len(reads)  # the first page's render is waited for
+        await asyncio.sleep(2.0)
+        paused, during = d.paused_for_no_view, len(reads)
+        await asyncio.sleep(1.0)
+        idle = len(reads) - during  # nothing read while paused
+        d.steps.chart._from_view(d.steps.chart, {"kind": "view", "revision": 0}, [])  # a page shows a chart again
+        await asyncio.sleep(0.6)  # less than NO_VIEW_PAUSE_S: still seen
+        d.close()
+        return seen_before, idle, paused and not d.paused_for_no_view and len(reads) > during
+
+    seen_before, idle, resumed = asyncio.run(watch())
+    assert seen_before >= 1 and idle == 0 and resumed
