@@ -18,7 +18,7 @@ def test_up_without_gpu_replays_the_recording_and_stops_it(home, capsys):
     assert live_possible()[0] is False
     assert main(["up", "--no-dashboard", "--speed", "50", "--steps", "2"]) == 0
     out = capsys.readouterr().out
-    assert "replaying the recorded H200 session 'h200-proof'" in out
+    assert "replaying the recorded H200 session 'h200-tuning'" in out  # the tuning story
     assert "step    1" in out and "step    2" in out and "tok/s/GPU" in out
     session = Session.attach(read_only=True)
     assert session.meta["kind"] == "replay"
@@ -64,3 +64,28 @@ def test_the_dashboard_notebook_is_found_where_the_package_lives():
     from workbench.cli.serve import DASHBOARD_NOTEBOOK, notebooks_dir
 
     assert (notebooks_dir() / DASHBOARD_NOTEBOOK).is_file()
+
+
+def test_the_cli_explains_itself_at_once():
+    """`verl-workbench --help` lists every command without importing them (under a second even on a loaded
+    machine); `up --help` says what it does, its defaults and the recordings it can replay."""
+    import subprocess
+    import sys
+    import time
+
+    from workbench.cli import COMMANDS
+    from workbench.recordings import bundled
+
+    started = time.perf_counter()
+    top = subprocess.run([sys.executable, "-m", "workbench.cli", "--help"], capture_output=True, text=True, check=True)
+    took = time.perf_counter() - started
+    assert took < 1.0, f"verl-workbench --help took {took:.2f} s"
+    assert all(command in top.stdout for command in COMMANDS)
+    up = " ".join(subprocess.run([sys.executable, "-m", "workbench.cli", "up", "--help"], capture_output=True,
+                                 text=True, check=True).stdout.split())  # as words: argparse wraps lines
+    assert "operator URL" in up and "(default 10)" in up and "default without one: h200-tuning" in up
+    assert all(name in up for name in bundled()) and "12 steps in 3 segments" in up
+    for command in COMMANDS:
+        own = " ".join(subprocess.run([sys.executable, "-m", "workbench.cli", command, "--help"],
+                                      capture_output=True, text=True, check=True).stdout.split())
+        assert COMMANDS[command][1][1:] in own  # its description atop its own help

@@ -45,6 +45,32 @@ def balance_table(samples: pd.DataFrame) -> tuple[list[list], list[str]]:
     return rows, notes
 
 
+def in_words(text: str) -> str:
+    """A raw message the page explains instead of quoting (Ray's, from recordings of older workbench versions)."""
+    if "ServerUnavailable" in text and "ray[default]" in text:
+        return ("Ray's dashboard (pip install ray[default]) is not installed, so Ray's state API can't name the role "
+                "of each worker process: roles come from the processes' names instead. Nothing else is missing.")
+    return text
+
+
+def event_rows(events: pd.DataFrame) -> list[list]:
+    """The newest EVENTS_SHOWN events, newest first, each message once: a repeat (the same kind and words, e.g. one
+    per segment) is folded into its newest row with a count."""
+    if not len(events):
+        return []
+    rows, index = [], {}
+    for t, kind, text in zip(events["t"][::-1], events["kind"][::-1], events["text"][::-1]):
+        words = in_words(str(text))
+        if (kind, words) in index:
+            rows[index[kind, words]][3] += 1
+            continue
+        index[kind, words] = len(rows)
+        rows.append([time.strftime("%H:%M:%S", time.localtime(t)), kind, words, 1])
+        if len(rows) == EVENTS_SHOWN:
+            break
+    return [[when, kind, words + (f" (×{count})" if count > 1 else "")] for when, kind, words, count in rows]
+
+
 class EventsPanel:
     def __init__(self, ctx):
         self.ctx = ctx
@@ -57,9 +83,7 @@ class EventsPanel:
     def prepare(self, feed, news):
         payload = {}
         if "events" in news or not self.log.value:
-            recent = feed.events.iloc[::-1].iloc[:EVENTS_SHOWN] if len(feed.events) else feed.events
-            rows = [[time.strftime("%H:%M:%S", time.localtime(t)), k, text]
-                    for t, k, text in zip(recent.get("t", []), recent.get("kind", []), recent.get("text", []))]
+            rows = event_rows(feed.events)
             classes = ["wb-bad" if r[1] in BAD_EVENTS else "" for r in rows]
             payload["log"] = table(["time", "kind", "what"], rows, row_classes=classes, css="wb-table wb-events") \
                 if rows else "<span class='wb-muted'>No events yet.</span>"

@@ -66,6 +66,7 @@ CONTROL_EVENT_KINDS = frozenset({
 })
 
 # ------------------------------------------------------------------------------------------------ files
+STORE_FILE = "session.sqlite"  # a session directory's store (store.py)
 TOKEN_FILE = "operator.token"
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"

@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .store import STORE_FILE
+from .control import STORE_FILE
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -37,7 +37,7 @@ def describe(name: str) -> str:
             "SELECT key, value FROM meta WHERE key IN ('gpu_name', 'gpus_used', 'date')")}
         steps, segments = db.execute("SELECT COUNT(*), COUNT(DISTINCT segment_id) FROM steps").fetchone()
     return (f"{meta.get('gpus_used', 1)} × {meta.get('gpu_name', 'GPU')}, {meta.get('date', '?')}: "
-            f"{steps} steps in {segments} segments")
+            f"{steps} steps in {segments} segment{'s' if segments != 1 else ''}")
 
 
 def ran(plan_json: str, knobs: Callable[[], dict[str, Any]], plan: Plan) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-STORE_FILE = "session.sqlite"
+from .control import STORE_FILE  # noqa: F401 (the store's file name; importers of store.py find it here too)
 
 # Column order of the samples table; NaN where a GPU can't say (see telemetry/).
 SAMPLE_COLUMNS = (

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.browser
 def test_up_serves_the_page_and_stops_clean(browser, tmp_path, sig):
     up = Up.start(tmp_path, "--speed", "20")
     try:
-        assert "replaying the recorded H200 session 'h200-proof'" in up.output
+        assert "replaying the recorded H200 session 'h200-tuning'" in up.output
         assert up.operator_url.startswith("http://127.0.0.1:") and f"session={up.session_id}" in up.operator_url
         page = browser.new_page()
         page.goto(up.viewer_url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)

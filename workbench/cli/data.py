@@ -7,12 +7,13 @@ import sys
 
 from workbench.assets.convert import GSM8K_DATA_SOURCE, ConvertError, convert_jsonl
 from workbench.assets.generate import SHAPES, generate_assets
+from . import described
 
 from .args import positive_int, torch_device
 
 
 def add_data_commands(subparsers) -> None:
-    data = subparsers.add_parser("data", help="prepare datasets and offline model assets")
+    data = subparsers.add_parser("data", **described("data"))
     commands = data.add_subparsers(dest="data_command", metavar="{convert,generate}", required=True)
 
     convert = commands.add_parser(

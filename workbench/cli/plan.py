@@ -17,6 +17,8 @@ from workbench.plan import Plan, PlanError, unknown_knob
 
 from .args import positive_int
 
+from . import described
+
 EXPORT_FORMATS = ("overrides", "yaml", "command", "json")
 # Exit status for a plan that is invalid or cannot be built (argparse also uses 2 for bad arguments).
 EXIT_INVALID = 2
@@ -130,7 +132,7 @@ def _reporting_problems(handler):
 
 
 def add_plan_commands(subparsers: argparse._SubParsersAction) -> None:
-    plan = subparsers.add_parser("plan", help="show, validate, diff and export a plan (verl config + knobs)")
+    plan = subparsers.add_parser("plan", **described("plan"))
     actions = plan.add_subparsers(dest="plan_action", required=True, metavar="ACTION")
 
     show = actions.add_parser("show", help="the knob table: values, defaults, apply class")

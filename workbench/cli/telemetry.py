@@ -17,15 +17,16 @@ from ..telemetry.balance import balance_frame, balance_verdicts
 from ..telemetry.nvml import NvmlReader, NvmlUnavailable
 from .args import gpu_list, nonnegative_int, positive_number
 from ..telemetry.sampling import EXIT_NO_NVML, Sampler
+from . import described
 
 
 def add_telemetry_commands(subparsers: argparse._SubParsersAction) -> None:
-    balance = subparsers.add_parser("balance", help="per-GPU load balance of a session, with verdicts")
+    balance = subparsers.add_parser("balance", **described("balance"))
     balance.add_argument("session", nargs="?", default=None, help="session directory or id (default: the newest)")
     balance.add_argument("--since-step", type=nonnegative_int, default=None, metavar="N", help="only the samples from step N on")
     balance.set_defaults(func=balance_command)
 
-    sample = subparsers.add_parser("sample", help="sample this machine's GPUs through NVML, as CSV")
+    sample = subparsers.add_parser("sample", **described("sample"))
     sample.add_argument("--hz", type=positive_number, default=10.0, help="samples per second (default 10)")
     sample.add_argument("--seconds", type=positive_number, default=None, metavar="N", help="stop after N seconds (default: at Ctrl-C)")
     sample.add_argument("--out", default=None, metavar="CSV", help="write to this file (default: stdout)")

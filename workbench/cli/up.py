@@ -12,33 +12,54 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import textwrap
 import time
 import webbrowser
 
+from . import described
 from .args import port, positive_int, positive_number
 from .serve import (DEFAULT_PORT, MAX_PAGES, PAGE_GRACE_S, DashboardServer, check_port, page_url,
                     raise_on_sigterm)
 from ..control import ENDED_STATES, TOKEN_FILE
-from ..paths import home
 
 FOLLOW_POLL_S = 0.5
-DEFAULT_RECORDING = "h200-proof"
+# Without a GPU `up` tells the tuning story recorded on an H200: verl's quickstart settings, the advisor's proposal
+# applied (a restart: ~3.2× the tokens/s/GPU), a hot critic budget, stop. At 10× a step of the slow plan takes ~6 s
+# and the whole story ~1.5 min (verl's recorded start-ups included); the page offers Play again at its end.
+DEFAULT_RECORDING = "h200-tuning"
+DEFAULT_SPEED = 10.0
+
+
+def recordings_epilog() -> str:
+    from ..recordings import bundled, describe
+
+    return "recordings (--replay NAME, or a recorded session's directory):\n" + "\n".join(
+        f"  {name:<24}{describe(name)}" for name in bundled())
 
 
 def add_up_commands(subparsers) -> None:
-    up = subparsers.add_parser("up", help="start a session (live with a GPU, replay without) and serve its dashboard")
-    up.add_argument("--replay", metavar="RECORDING", help=f"replay this recording even with a GPU (default without one: {DEFAULT_RECORDING})")
-    up.add_argument("--speed", type=positive_number, default=10.0, help="replay speed (recorded seconds per second)")
+    up = subparsers.add_parser("up", **described("up"), epilog=recordings_epilog(),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    up.description = textwrap.fill(
+        up.description + " It prints an operator URL (it carries the session's operator token: whoever opens it "
+        "controls the run) and a viewer URL (read-only), and follows the session in the terminal. Ctrl-C or SIGTERM "
+        "stops the server, its page kernels and the session `up` started (an attached one goes on).", width=100)
+    up.add_argument("--replay", metavar="RECORDING",
+                    help=f"replay this recording even with a GPU (default without one: {DEFAULT_RECORDING})")
+    up.add_argument("--speed", type=positive_number, default=DEFAULT_SPEED,
+                    help=f"replay speed: recorded seconds per second (default {DEFAULT_SPEED:g})")
     up.add_argument("--no-follow", action="store_true",
                     help="replay without the recorded operator's changes: every command is yours")
-    up.add_argument("--attach", metavar="SESSION", help="serve an existing session instead of starting one")
+    up.add_argument("--attach", metavar="SESSION", help="serve an existing session (its id or directory) instead of "
+                                                        "starting one")
     up.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"dashboard port (default {DEFAULT_PORT}; 0: a free one)")
     up.add_argument("--ip", default="127.0.0.1",
-                    help="address the dashboard listens on (default loopback; 0.0.0.0 exposes it, token and all, over plain HTTP)")
+                    help="address the dashboard listens on (default 127.0.0.1: this machine only; 0.0.0.0 exposes it, "
+                         "token and all, over plain HTTP)")
     up.add_argument("--no-browser", action="store_true", help="print the URLs without opening a browser")
     up.add_argument("--no-dashboard", action="store_true", help="follow the session in the terminal only")
-    up.add_argument("--for", dest="seconds", type=positive_number, help="end after this many seconds")
-    up.add_argument("--steps", type=positive_int, help="end after this many steps")
+    up.add_argument("--for", dest="seconds", type=positive_number, metavar="SECONDS", help="end after this many seconds")
+    up.add_argument("--steps", type=positive_int, metavar="N", help="end after this many steps")
     up.add_argument("--max-pages", type=positive_int, default=MAX_PAGES,
                     help=f"dashboard pages served at once (default {MAX_PAGES}); one more is refused, saying so")
     up.add_argument("--page-grace", type=positive_number, default=PAGE_GRACE_S, metavar="SECONDS",
@@ -57,6 +78,7 @@ def live_possible() -> tuple[bool, str]:
 
 
 def start_session(args):
+    from ..paths import home
     from ..session import Session
 
     if args.attach:
@@ -86,19 +108,21 @@ def follow(session, seconds: float | None = None, steps: int | None = None, out=
     deadline = time.time() + seconds if seconds else None
     while True:
         poll = session.poll(cursor)
+        lines = []  # (t, order, text): events and steps as they happened, whichever table a poll read first
         if "events" in poll.changed:
             for event in session.events(since_id=poll.since["events"]).itertuples():
-                print(f"  [{event.kind}] {event.text}", file=out, flush=True)
+                lines.append((event.t, event.id, f"  [{event.kind}] {event.text}"))
         if "steps" in poll.changed:
             for row in session.steps(since_id=poll.since["steps"]).to_dict("records"):
                 seen += 1
                 step_s, gen_s = _number(row.get("timing_s/step")), _number(row.get("timing_s/gen"))
-                print(
-                    f"step {row['step']:>4}  segment {row['segment_id']}  {step_s:6.1f} s  "
-                    f"gen {100 * gen_s / step_s if step_s else 0:3.0f} %  {_number(row.get('perf/throughput')):7.0f} "
-                    f"tok/s/GPU  critic loss {_number(row.get('critic/vf_loss'), float('nan')):.3f}",
-                    file=out, flush=True,
-                )
+                lines.append((row["t"], row["id"],
+                              f"step {row['step']:>4}  segment {row['segment_id']}  {step_s:6.1f} s  "
+                              f"gen {100 * gen_s / step_s if step_s else 0:3.0f} %  "
+                              f"{_number(row.get('perf/throughput')):7.0f} tok/s/GPU  "
+                              f"critic loss {_number(row.get('critic/vf_loss'), float('nan')):.3f}"))
+        for _, _, text in sorted(lines, key=lambda line: line[:2]):
+            print(text, file=out, flush=True)
         cursor = poll.cursor
         if not ended and poll.state in ENDED_STATES and not poll.changed - {"meta"}:
             ended = True  # and every event up to the end was printed
@@ -155,6 +179,8 @@ def run_up(args: argparse.Namespace) -> int:
 
 def serve_dashboard(session, args: argparse.Namespace) -> DashboardServer:
     """Start Voila on the dashboard notebook and print the operator and viewer URLs of this session."""
+    from ..paths import home
+
     print(f"starting the dashboard server (Voila) on {args.ip}:{args.port or 'a free port'} ...", end="", flush=True)
     server = DashboardServer.start(ip=args.ip, port=args.port, log_dir=home() / "logs",
                                    progress=lambda: print(".", end="", flush=True),
