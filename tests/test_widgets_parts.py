@@ -114,3 +114,9 @@ def test_the_update_loop_pauses_without_a_view_and_resumes_at_the_next(monkeypat
 
     seen_before, idle, resumed = asyncio.run(watch())
     assert seen_before >= 1 and idle == 0 and resumed
+
+
+def test_memory_unknown_reads_as_a_dash_never_nan():
+    from widgets.placement import _gb
+
+    assert _gb(float("nan")) == "–" and _gb(None) == "–" and _gb(2048) == "2.0"

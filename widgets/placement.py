@@ -7,6 +7,7 @@ placement is previewed and applied like any other change.
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 import ipywidgets as W
@@ -28,10 +29,12 @@ def _roles(value: Any) -> set[str]:
 
 
 def _gb(mib: Any) -> str:
+    """MiB as GB with one decimal; "–" where unknown (no sample yet: never "nan")."""
     try:
-        return f"{float(mib) / MIB_PER_GB:.1f}"
+        gb = float(mib) / MIB_PER_GB
     except (TypeError, ValueError):
         return "–"
+    return "–" if math.isnan(gb) else f"{gb:.1f}"
 
 
 def _processes(processes: Any) -> str:
@@ -89,8 +92,8 @@ class PlacementPanel:
         if not isinstance(placement, pd.DataFrame):
             placement = pd.DataFrame(placement)
         rows, classes, warnings = placement_rows(placement, gpu_memory(feed.samples))
-        grid = table(["GPU", *ROLES, "other roles", "GPU memory used / total", "session processes",
-                      "per process"], rows,
+        grid = table(["GPU", *ROLES, "other roles", "GPU memory used / total", "session processes now",
+                      "per process (alive now)"], rows,
                      css="wb-table wb-placement-table", row_classes=classes)
         warn = "<div class='wb-muted'>✓ planned here · ● its processes seen here</div>" + "".join(
             f"<div class='wb-warning'>⚠ {html.escape(w)}</div>" for w in warnings)

@@ -74,6 +74,7 @@ POLL_FIELDS = (*APPEND_TABLES, "segments", "commands", *(f"{_REV_PREFIX}{t}" for
 
 # Sample columns a chart aggregates (mean, min and max per bucket).
 SAMPLE_METRICS = tuple(c for c in SAMPLE_COLUMNS if c not in ("t", "node", "gpu"))
+STALE_ROUNDS = 3  # latest_procs: a node's newest process round is over once it has sampled this many intervals since
 LATEST_WINDOW_S = 60.0  # latest_samples: a GPU silent for longer than this before the newest sample is left out
 
 
@@ -448,12 +449,22 @@ class Store:
             df = pd.read_sql_query(sql, self._db, params=(LATEST_WINDOW_S,))
         return _expand_json("samples", df)
 
-    def latest_procs(self, window_s: float = LATEST_WINDOW_S) -> pd.DataFrame:
-        """The process rows of the newest sampling round per (node, gpu, pid) within `window_s` of the newest."""
-        sql = ("SELECT * FROM procs WHERE id IN (SELECT MAX(id) FROM procs WHERE t >= "
-               "(SELECT MAX(t) FROM procs) - ? GROUP BY node, gpu, pid) ORDER BY node, gpu, pid")
+    def latest_procs(self) -> pd.DataFrame:
+        """The processes alive now: each node's newest sampling round (the sampler writes a round's rows with one t),
+        unless the node has sampled its GPUs for more than STALE_ROUNDS round intervals since (its processes ended:
+        a restart, a crash, the end of the run). Never a process of a round before (no dead PIDs summed)."""
+        sql = f"""
+            WITH newest AS (SELECT node, MAX(t) AS t FROM procs GROUP BY node),
+            rounds AS (
+                SELECT n.node, n.t,
+                       (SELECT MAX(q.t) FROM procs q WHERE q.node = n.node AND q.t < n.t) AS previous,
+                       (SELECT MAX(s.t) FROM samples s WHERE s.node = n.node) AS sampled
+                FROM newest n)
+            SELECT p.* FROM procs p JOIN rounds r ON p.node = r.node AND p.t = r.t
+            WHERE r.sampled IS NULL OR r.previous IS NULL OR r.sampled - r.t <= {STALE_ROUNDS} * (r.t - r.previous)
+            ORDER BY p.node, p.gpu, p.pid"""
         with self._lock:
-            df = pd.read_sql_query(sql, self._db, params=(window_s,))
+            df = pd.read_sql_query(sql, self._db)
         return _expand_json("procs", df)
 
     def step_figures(self, since_segment: int = 0) -> pd.DataFrame:
