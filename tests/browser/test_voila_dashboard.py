@@ -29,6 +29,22 @@ def test_charts_grow_with_no_interaction(up, browser):
     page.close()
 
 
+def test_an_invalid_value_shows_its_message_at_the_widget_and_queues_nothing(up, browser):
+    # Before the apply test: the replay still runs (an ended session refuses every change at the plan first).
+    page = open_dashboard(browser, up.operator_url)
+    before = len(store_commands(up.home, up.session_id))
+    set_slider(page, "actor_token_budget", 256)  # below max_prompt_length + max_response_length (512)
+    page.wait_for_selector(".wb-knob-actor_token_budget.wb-knob-bad", timeout=30_000)
+    message = page.inner_text(".wb-knob-actor_token_budget .wb-knob-message")
+    assert "actor_token_budget" in message or "512" in message, message
+    assert not page.locator(".wb-apply").is_enabled()
+    screenshot(page, "voila_invalid")
+    page.locator(".wb-apply").click(force=True)  # even a click on the disabled button
+    page.wait_for_timeout(2000)
+    assert len(store_commands(up.home, up.session_id)) == before
+    page.close()
+
+
 def test_apply_budgets_queues_the_command_and_the_applied_event_shows(up, browser):
     page = open_dashboard(browser, up.operator_url)
     before = len(store_commands(up.home, up.session_id))
@@ -46,21 +62,6 @@ def test_apply_budgets_queues_the_command_and_the_applied_event_shows(up, browse
     page.wait_for_selector(".wb-events-log:has-text('applied')", timeout=180_000)
     assert "actor_token_budget 4096 → 32768" in page.inner_text(".wb-events-log")
     screenshot(page, "voila_applied")
-    page.close()
-
-
-def test_an_invalid_value_shows_its_message_at_the_widget_and_queues_nothing(up, browser):
-    page = open_dashboard(browser, up.operator_url)
-    before = len(store_commands(up.home, up.session_id))
-    set_slider(page, "actor_token_budget", 256)  # below max_prompt_length + max_response_length (512)
-    page.wait_for_selector(".wb-knob-actor_token_budget.wb-knob-bad", timeout=30_000)
-    message = page.inner_text(".wb-knob-actor_token_budget .wb-knob-message")
-    assert "actor_token_budget" in message or "512" in message, message
-    assert not page.locator(".wb-apply").is_enabled()
-    screenshot(page, "voila_invalid")
-    page.locator(".wb-apply").click(force=True)  # even a click on the disabled button
-    page.wait_for_timeout(2000)
-    assert len(store_commands(up.home, up.session_id)) == before
     page.close()
 
 
