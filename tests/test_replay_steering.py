@@ -12,6 +12,7 @@ import pytest
 from workbench.recordings import NO_RECORDED_SEGMENT, bundled, describe, no_segment_words, recorded_plans
 from workbench.recorded_operator import FOLLOWED_YOU, TOOK_CONTROL
 from workbench.replay import Recording
+from workbench.plan import PlanError
 from workbench.session import Session, resolve_recording
 
 pytestmark = pytest.mark.slow
@@ -94,3 +95,23 @@ def test_a_change_of_your_own_takes_control_from_the_recorded_operator(home):
     user, operator = user_and_operator(session)
     assert user == ["apply"] and operator == []
     assert session.steps().groupby("segment_id")["step"].count().tolist()[-1] == 2
+
+
+def test_a_replay_refuses_at_once_what_it_cannot_play_and_one_change_it_offers_applies(home):
+    session = Session.replay(TUNING, speed=SPEED, follow=False)
+    session.wait_for_step(1, timeout=TIMEOUT)
+    session.pause()  # at 50× the quickstart's 4 recorded steps end the run within seconds
+    wait(session, lambda s: s.state == "paused")
+    before = len(session.commands())
+    preview = session.preview({"actor_token_budget": 8192})  # valid, but no recorded segment ran it
+    assert not preview.ok and preview.mode == "hot"  # what it would be, where it could be played
+    assert preview.problems["plan"].startswith(NO_RECORDED_SEGMENT) and "fused_kernels=True" in preview.problems["plan"]
+    assert preview.offers == session.recorded_changes() and len(preview.offers) == 2
+    with pytest.raises(PlanError):
+        session.apply({"actor_token_budget": 8192})
+    assert len(session.commands()) == before  # nothing queued: never "accepted", then refused
+    handle = session.apply(preview.offers[0])  # the advisor's change, one the recording holds
+    session.resume()
+    assert handle.wait(timeout=TIMEOUT).state in ("applied", "resumed")  # hot or restart: the knob table says
+    assert session.knob_values()["fused_kernels"] is True
+    assert CRITIC in session.recorded_changes()  # from the plan in force now: the recording's next plan, among others

@@ -204,9 +204,10 @@ def test_apply_hot_then_restart_then_crash_and_rollback(recording, recorded_plan
             session.apply(bad)
     assert len(session.commands()) == queued
 
-    # A valid plan the recording never ran: refused with the reason, nothing changes.
-    with pytest.raises(RuntimeError, match="needs a GPU"):
+    # A valid plan the recording never ran: refused at once with the reason (the preview), nothing queued.
+    with pytest.raises(PlanError, match="needs a GPU"):
         session.apply({"rollout_gpu_memory": 0.5}, wait=True)
+    assert len(session.commands()) == queued
     assert len(session.segments()) == 1 and "applied" not in kinds(session) and "refused" in kinds(session)
     assert session.plan.knob_values() == recorded_plans["A"].knob_values()
 

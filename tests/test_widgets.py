@@ -58,7 +58,7 @@ def controls(d: Dashboard) -> list[W.Widget]:
     editors = [e.control for e in d.changes.editors.values() if e.kind != "gpus"]
     editors += [b for e in d.changes.editors.values() if e.kind == "gpus" for b in e._gpu_buttons]
     return [*d.bar.buttons.values(), d.changes.apply_button, d.changes.discard_button, d.changes.edit_irrelevant,
-            *editors, *(b for b, _ in d.advisor._buttons)]
+            *editors, *(b for b, _ in d.advisor._buttons), *d.changes.recorded.buttons.children]
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +161,11 @@ def test_the_advisor_shows_findings_and_applies_a_proposal(proof):
     button, finding = d.advisor._buttons[0]
     before = len(proof.commands())
     button.click()
-    commands = proof.commands()
-    assert len(commands) == before + 1 and commands.iloc[-1]["payload"]["changes"] == finding.change
-    assert f"advice: {finding.title}" in html.unescape(d.changes.progress.value)
-    # The recording never ran that plan: the replay refuses it, and the progress says so.
-    refreshed_until(d, lambda: "refused" in d.changes.progress.value)
-    assert "needs a GPU" in d.changes.progress.value
+    # The recording never ran that plan: the replay refuses it at once (never "accepted" first), queues nothing,
+    # and says at the finding which changes it can play.
+    assert len(proof.commands()) == before
+    status = next(card.children[1] for card in d.advisor.list.children if button in card.children[0].children)
+    assert "needs a GPU" in status.value and "It can take" in status.value
 
 
 def test_an_invalid_value_marks_its_widget_and_queues_nothing(proof):
@@ -182,6 +181,12 @@ def test_an_invalid_value_marks_its_widget_and_queues_nothing(proof):
     assert len(proof.commands()) == before
     d.changes.discard_button.click()
     assert "wb-knob-bad" not in editor.widget._dom_classes and "No pending changes" in d.changes.diff.value
+    edit(d, "rollout_gpu_memory", 0.55)  # valid, but no recorded segment ran it: refused at once, with what can be
+    assert "no recorded segment" in d.changes.diff.value and "It can take" in d.changes.diff.value
+    assert d.changes.apply_button.disabled and d.changes.apply() is None and len(proof.commands()) == before
+    offers = [b.description for b in d.changes.recorded.buttons.children]
+    assert any("actor_token_budget = 32768" in o for o in offers) and not any(b.disabled for b in d.changes.recorded.buttons.children)
+    d.changes.discard_button.click()
 
 
 def test_a_viewer_sees_everything_and_controls_nothing_until_the_token(proof):
@@ -198,6 +203,38 @@ def test_a_viewer_sees_everything_and_controls_nothing_until_the_token(proof):
     assert d.session.is_operator and not d.changes.editors["rollout_gpu_memory"].control.disabled
     assert not d.changes.apply_button.disabled or d.changes.apply_button.tooltip != READ_ONLY_REASON
     assert d.token_row.layout.display == "none"
+
+
+def send(widget: W.Widget, data: dict) -> None:
+    """A widget message as a page's frontend sends it over the kernel's comm (a hostile page can send any)."""
+    widget._handle_msg({"content": {"data": data}, "buffers": []})
+
+
+def click(button: W.Button) -> None:
+    send(button, {"method": "custom", "content": {"event": "click"}})  # whatever the button's `disabled` says
+
+
+def test_a_hostile_viewer_page_starts_changes_and_unlocks_nothing(proof):
+    """Issue 19: every control of a viewer's page is refused in the kernel by the engine, not by `disabled`. The
+    page's messages are sent as a hostile page would: values set, every button clicked, a wrong token."""
+    d = Dashboard(Session.attach(proof.dir, read_only=True), live=False)
+    d.ctx.feed.wait_for_advice()
+    d.refresh()
+    sessions, commands, state = len(Session.list()), len(proof.commands()), proof.state
+    send(d.changes.editors["actor_token_budget"].control, {"method": "update", "state": {"value": 32768},
+                                                           "buffer_paths": []})
+    click(d.changes.apply_button)
+    for button in [*d.bar.buttons.values(), *(b for b, _ in d.advisor._buttons), *d.changes.recorded.buttons.children]:
+        click(button)
+    send(d.tune.knobs, {"method": "update", "state": {"index": [0]}, "buffer_paths": []})
+    click(d.tune.button)
+    send(d.token, {"method": "update", "state": {"value": "not-the-token"}, "buffer_paths": []})
+    click(d.unlock)
+    for thread in [t for t in threading.enumerate() if t.name.startswith("wb-")]:
+        thread.join(60)  # the session bar's controls and the tune run in threads of their own
+    assert len(Session.list()) == sessions and len(proof.commands()) == commands and proof.state == state
+    assert not d.session.is_operator and d.tune.state == "refused"
+    assert "read-only" in d.ctx.notice and "not this session's operator token" in html.unescape(d.unlock_message.value)
 
 
 def test_the_page_passes_session_and_token_in_its_query(proof):
@@ -239,7 +276,10 @@ def test_a_restart_class_change_shows_its_progress_to_the_first_resumed_step(pro
     for name, value in PROOF_RESTART.items():
         edit(d, name, value)
     assert "checkpoint at the next step boundary → relaunch" in d.changes.diff.value
-    d.changes.apply_button.click()
+    d.changes.discard_button.click()
+    offer = next(b for b in d.changes.recorded.buttons.children if "colocate_async" in b.description)
+    offer.click()  # the recorded restart-class change, one click
+    assert proof.commands().iloc[-1]["payload"]["changes"]["trainer_mode"] == "colocate_async"
     proof.resume()  # the relaunched run plays the recording's segment 3, then the replay ends
     refreshed_until(d, lambda: "✓ first resumed step" in d.changes.progress.value)
     progress = d.changes.progress.value

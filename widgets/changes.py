@@ -20,6 +20,7 @@ from workbench.plan import PlanError
 
 from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
 from .knob_editor import KnobEditor, as_text, plain
+from .offers import RecordedChanges
 
 FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
 PLACEMENT_GROUP = "placement"
@@ -94,9 +95,10 @@ class ChangesPanel:
         self.apply_button.on_click(lambda _: self.apply())
         self.discard_button.on_click(lambda _: self.discard())
         self.progress = W.HTML(_dom_classes=["wb-apply-progress"])
+        self.recorded = RecordedChanges(self.apply_recorded)
         self.widget = W.VBox(
             [heading("Knobs"), self.edit_irrelevant, self.featured, self.more, heading("Pending changes"), self.diff,
-             W.HBox([self.apply_button, self.discard_button]), self.progress],
+             W.HBox([self.apply_button, self.discard_button]), self.progress, self.recorded.widget],
             _dom_classes=["wb-changes"],
         )
 
@@ -221,6 +223,21 @@ class ChangesPanel:
             self.track(handle, "your change")
             return handle
 
+    def apply_recorded(self, changes: dict[str, Any]) -> Any:
+        """Apply one of the changes a replay offers (its button): the pending edits give way to it."""
+        with self.ctx.lock:
+            for editor in self.editors.values():
+                editor.reset()
+            self.preview, self.parse_errors = None, {}
+            try:
+                handle = self.ctx.session.apply(changes, wait=False)
+            except Exception as error:  # read-only, the session ended meanwhile, …: said at the button
+                self._render_diff(note=said_once("not applied", error))
+                return None
+            self._render_diff()
+            self.track(handle, "recorded change")
+            return handle
+
     def track(self, handle: Any, label: str) -> None:
         with self.ctx.lock:
             self.tracked = Tracked(handle, label)
@@ -250,7 +267,7 @@ class ChangesPanel:
             handle = tracked.handle.refresh()
             progress = self._progress(tracked, handle, feed.events)
         knobs = feed.knob_table if "knobs" in news or not self.editors else None
-        return knobs, progress, feed.meta.get("gpu_count")
+        return knobs, progress, feed.meta.get("gpu_count"), self.recorded.prepare(self.ctx.session, news), feed.state
 
     def _progress(self, tracked: Tracked, handle, events: pd.DataFrame) -> tuple[str, dict[str, str], bool]:
         state = handle.state
@@ -295,8 +312,9 @@ class ChangesPanel:
         return self._phases_markup
 
     def show(self, payload) -> None:
-        knobs, progress, gpu_count = payload
+        knobs, progress, gpu_count, offers, state = payload
         with self.ctx.lock:
+            self.recorded.show(offers, self.ctx.operator, state)
             if knobs is not None and len(knobs):
                 if not self.editors:
                     self._build(knobs, gpu_count)

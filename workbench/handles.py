@@ -33,7 +33,8 @@ class Preview:
     """What applying `changes` would do, judged against the plan in force; nothing was queued.
 
     mode: "hot" | "restart" | None (no change, or invalid); diff: one {"knob", "before", "after", "apply"} per
-    changed knob; problems / warnings: knob name (or "plan") → message."""
+    changed knob; problems / warnings: knob name (or "plan") → message; offers: on a replay that can't play the
+    change, the changes it can (recordings.py)."""
 
     changes: dict[str, Any]
     mode: str | None
@@ -42,6 +43,7 @@ class Preview:
     warnings: dict[str, str] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
     prediction: Any = None  # workbench.predict.Prediction of the new plan, when a segment measured enough steps
+    offers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

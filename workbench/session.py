@@ -34,10 +34,11 @@ from .knobs import KNOB_TABLE_COLUMNS, irrelevant_knobs, knob_defaults, knob_row
 from .lifecycle import (SessionKind, effective_state, failure_words, gpu_count, list_sessions, mark_lost, read_token,
                         replay_launch, resolve_recording, spawn_supervisor, token_matches, warm_plan_checks)
 from .paths import resolve_session_dir
-from .plan import Plan, PlanError
+from .plan import PLAN_PROBLEM, Plan, PlanError
 from .predict import Prediction, closest_cost
 from .predict import predict as predict_plan
 from .procs import process_alive, wait_gone
+from .recordings import no_segment_words, recorded_plans
 from .store import Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
@@ -238,7 +239,18 @@ class Session:
             self.plan, changes, gpu_count=self.meta.get("gpu_count"),
             session_words=f"session {self.id} is {state}" if state in c.ENDED_STATES else None,
             restart_pending=bool(self._store.commands_in([c.RESTARTING], kinds=[c.APPLY])))
+        kind = self.kind
+        if new is not None and kind.is_replay and not recorded_plans(kind.recording).takes(new):
+            offers = self.recorded_changes()  # refused at once, never "accepted" first: and what it can take
+            words = no_segment_words(offers)  # mode and diff stay: what it would do where it could be played
+            return dataclasses.replace(preview, problems={PLAN_PROBLEM: words}, messages=[words], offers=offers)
         return self._with_prediction(preview, new) if new is not None else preview
+
+    def recorded_changes(self) -> list[dict[str, Any]]:
+        """On a replay: the changes from the plan in force its recording can play (one per other recorded plan);
+        [] for a live session, which can take any valid change."""
+        kind = self.kind
+        return recorded_plans(kind.recording).offers(self.plan) if kind.is_replay else []
 
     def apply(self, changes: dict[str, Any] | None, wait: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> ApplyResult:
         """Apply a change: returns at once with a handle (see ApplyResult). Bad changes raise PlanError (with

@@ -134,7 +134,7 @@ def plan_candidates(session: Session, changes: Iterable[Mapping[str, Any]], *,
         seen.append(change)
         preview = session.preview(change)
         prediction = None
-        if preview.ok and costs:
+        if preview.mode is not None and costs:  # a valid change (a replay may still refuse it): predicted
             target = plan.with_changes(change).knob_values()
             prediction = what_if.predict(what_if.closest_cost(costs, target), target, session.memory_model())
         out.append(Candidate(change, preview.mode, prediction, dict(preview.problems)))
@@ -255,7 +255,7 @@ def tune(session: Session, knobs: Mapping[str, Sequence[Any]] | Sequence[str] | 
     rows: list[dict[str, Any]] = []
     ended_because = "every candidate was tried"
     for index, candidate in enumerate(ordered):
-        if candidate.change and candidate.prediction is None and not candidate.problems:
+        if candidate.change and candidate.prediction is None and candidate.mode is not None:
             candidate = _predicted(session, candidate, start_values)  # the baseline may have measured by now
         full = {n: candidate.change.get(n, start_values[n]) for n in names}
         study.enqueue_trial({n: _param(v) for n, v in full.items()})
@@ -263,9 +263,8 @@ def tune(session: Session, knobs: Mapping[str, Sequence[Any]] | Sequence[str] | 
         row = {"trial": trial.number, "change": candidate.change, "mode": candidate.mode or "baseline",
                "predicted_step_s": candidate.prediction.step_s if candidate.prediction else math.nan,
                "predicted_gpu_peak_share": candidate.prediction.gpu_peak_share if candidate.prediction else math.nan}
-        skip = ("; ".join(candidate.problems.values()) if candidate.problems else
-                candidate.prediction.warnings["plan"] if candidate.prediction and not candidate.prediction.fits
-                else None)
+        skip = (candidate.prediction.warnings["plan"] if candidate.prediction and not candidate.prediction.fits else
+                "; ".join(candidate.problems.values()) if candidate.problems else None)
         trial.set_user_attr("change", json.dumps(candidate.change, sort_keys=True, default=str))
         trial.set_user_attr("mode", candidate.mode or "baseline")
         if not skip and len([r for r in rows if r["state"] != "PRUNED"]) >= max_trials:

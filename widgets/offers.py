@@ -1,0 +1,48 @@
+"""The changes a replay can play, one click each: a replay plays only what its recording holds, so the page lists
+the changes from the plan in force that lead to another recorded plan (`Session.recorded_changes`), each with a
+button that applies it. A live session can take any valid change: nothing is listed."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ipywidgets as W
+
+from .common import READ_ONLY_REASON, assign
+from .knob_editor import plain
+
+TAKES_CHANGES = ("starting", "running", "paused")
+
+
+def offer_text(changes: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {plain(v)!r}" for k, v in changes.items())
+
+
+class RecordedChanges:
+    def __init__(self, apply: Callable[[dict[str, Any]], Any]):
+        self._apply = apply  # the changes panel's: applies a change and follows it
+        self.note = W.HTML(_dom_classes=["wb-offers-note"])
+        self.buttons = W.VBox(_dom_classes=["wb-offers"])
+        self.widget = W.VBox([self.note, self.buttons], _dom_classes=["wb-recorded-changes"])
+        self.offers: list[dict[str, Any]] = []
+
+    def prepare(self, session, news) -> list[dict[str, Any]] | None:
+        """The offers anew when the plan in force may have changed (its knob table arrived); else None."""
+        return session.recorded_changes() if "knobs" in news else None
+
+    def show(self, offers: list[dict[str, Any]] | None, operator: bool, state: str | None) -> None:
+        if offers is not None and offers != self.offers:
+            self.offers = offers
+            buttons = []
+            for changes in offers:
+                button = W.Button(description=f"Apply: {offer_text(changes)}", layout=W.Layout(width="auto"),
+                                  _dom_classes=["wb-offer"])
+                button.on_click(lambda _, c=changes: self._apply(c))
+                buttons.append(button)
+            self.buttons.children = buttons
+            assign(self.note, value="" if not offers else
+                   "<span class='wb-muted'>This replay plays what its recording holds. Changes it can play from "
+                   "the plan in force (one click applies one):</span>")
+        why = READ_ONLY_REASON if not operator else "" if state in TAKES_CHANGES else f"the session is {state}"
+        for button in self.buttons.children:
+            assign(button, disabled=bool(why), tooltip=why)
