@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests import autopilot_recordings as recordings
-from workbench.autopilot import STORY_COLUMNS
+from workbench.autopilot import STORY_COLUMNS, Autopilot
 from workbench.knobs import KNOBS
 from workbench.session import ReadOnlySession, Session
 
@@ -146,3 +146,83 @@ def test_the_gpu_script_dry_runs_against_a_replay(keep_rollback_stop, home, tmp_
     memory = {row["segment"].split("#")[1]: row for row in details["memory"]}
     assert memory and all("predicted_gpu_peak_gib" in row for row in memory.values())
     assert any("round 1: logprob-loop" in line and "kept" in line for line in lines)
+
+
+# ------------------------------------------------------------------------------------------------ stop conditions
+# A stand-in for Session's public API (the autopilot uses nothing else): one measured segment, findings as given,
+# applies answered as given. SYNTHETIC: no run behind it.
+class FakeHandle:
+    def __init__(self, state: str, message: str = "", mode: str = "hot"):
+        self.state, self.message, self.mode = state, message, mode
+
+    def refresh(self):
+        return self
+
+    @property
+    def done(self) -> bool:
+        return True
+
+
+class FakeSession:
+    is_operator, id, failure = True, "fake", None
+
+    def __init__(self, findings, apply_state: str = "refused", steps: int = 3):
+        import pandas as pd
+
+        self.findings, self.apply_state, self.state = findings, apply_state, "running"
+        self.applied: list[dict] = []
+        self._steps = pd.DataFrame({"segment_id": 1, "step": range(1, steps + 1), "timing_s/step": 10.0,
+                                    "perf/throughput": 1000.0})
+        self.plan = type("P", (), {"knob_values": staticmethod(lambda: {"fused_kernels": False})})()
+
+    def steps(self):
+        return self._steps
+
+    def segments(self):
+        import pandas as pd
+
+        return pd.DataFrame({"id": [1]})
+
+    def advice_findings(self, segment_id=None):
+        return self.findings
+
+    def preview(self, change):
+        return type("Preview", (), {"ok": True, "problems": {}})()
+
+    def predict(self, change):
+        return None
+
+    def apply(self, change):
+        self.applied.append(change)
+        return FakeHandle(self.apply_state, "not applied: no recorded segment")
+
+
+def finding(rule: str, change: dict):
+    from workbench.advisor import Finding
+
+    return Finding(rule, rule, {}, "", change, "", "high")
+
+
+def test_it_stops_when_nothing_applicable_is_left():
+    result = Autopilot(FakeSession([finding("gen-on-poll-grid", {})]), budget_s=30).run()
+    assert result.rounds == 0 and result.ended_because == "nothing applicable is left"
+    assert result.before.step_s == 10.0 and result.speedup == 1.0  # nothing changed
+
+
+def test_algorithm_changes_are_never_applied():
+    session = FakeSession([finding("bypass", {"rollout_logprob_bypass": True})])
+    result = Autopilot(session, budget_s=30).run()
+    assert session.applied == [] and "bypass: changes the algorithm" in result.ended_because
+
+
+def test_a_refused_change_is_a_round_and_is_not_tried_again():
+    session = FakeSession([finding("logprob-loop", {"fused_kernels": True})])
+    result = Autopilot(session, budget_s=30).run()
+    assert session.applied == [{"fused_kernels": True}]  # once
+    assert list(result.story["outcome"]) == ["refused"] and "no recorded segment" in result.story.loc[0, "why"]
+    assert result.ended_because == "nothing applicable is left (logprob-loop: tried in this run)"
+
+
+def test_the_time_budget_ends_the_wait_for_a_first_measurement():
+    result = Autopilot(FakeSession([], steps=1), budget_s=0.5).run()
+    assert result.before is None and result.ended_because.startswith("the time budget ran out while waiting")

@@ -102,7 +102,7 @@ class Autopilot:
         self.on_round = on_round
         self.t0 = time.time()
         self.rows: list[dict[str, Any]] = []
-        self.tried: list[dict[str, Any]] = []  # plans (knob values) rolled back or refused: never tried again
+        self.tried: list[dict[str, Any]] = []  # plans (knob values) tried, whatever came of it: never again
         self.crashes = 0
 
     # ----------------------------------------------------------------- waiting on the session
@@ -166,7 +166,7 @@ class Autopilot:
             if set(finding.change) & set(ALGORITHM_KNOBS):
                 passed.append(f"{finding.rule}: changes the algorithm")
             elif target in self.tried:
-                passed.append(f"{finding.rule}: tried and rolled back in this run")
+                passed.append(f"{finding.rule}: tried in this run")
             elif not (preview := self.session.preview(finding.change)).ok:
                 passed.append(f"{finding.rule}: {'; '.join(preview.problems.values()) or preview}")
             else:
