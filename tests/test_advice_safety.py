@@ -137,3 +137,18 @@ def test_a_critic_of_another_model_is_sized_by_its_own_dimensions():
     model = memory_fit.MemoryModel.fit(small, [], 140.4, critic_shape=large)
     assert model.predict(plan, 140.4).phase_gib("update_critic") == pytest.approx(mixed.phase_gib("update_critic"))
     assert memory_fit.MemoryModel.fit(small, [], 140.4, critic_shape=small).critic_shape is None
+
+
+def test_checkpointing_off_comes_with_the_budgets_that_make_room_for_it():
+    # SYNTHETIC: issue 16's steps labelled with the fused lever's plan, checkpointing kept (what round 1 applies at
+    # ≈1.5B): without checkpointing the 32 768-token critic pass doesn't fit, with a smaller budget it does.
+    from workbench.advice.training import checkpointing_headroom
+
+    frames = issue16.frames(crashed=False)
+    fused = issue16_knobs(**{**ISSUE16_LEVER, "gradient_checkpointing": True})
+    m = measurements(frames.steps, frames.samples, fused, segment_id=1, record=frames.record())
+    f = checkpointing_headroom(m)
+    assert f.change["gradient_checkpointing"] is False
+    assert f.change["critic_token_budget"] < fused["critic_token_budget"]
+    assert "smaller micro batches make room" in f.title
+    assert m.predicted(f.change).fits and not m.predicted({"gradient_checkpointing": False}).fits

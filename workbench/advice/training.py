@@ -13,6 +13,7 @@ from .. import predict as what_if
 from ..knobs import MICRO_BATCH_KNOBS
 from .core import (BUDGET_KNOBS, FUSED_BUDGETS, FUSED_EVIDENCE, GIB_PER_MIB, Finding, Measurements, changes,
                    finding, limit, no_knob, prediction_text)
+from .safety import screen
 
 # Measured: H200, 2026-11-30, 0.5B shape, 64 prompts × 256 + 256 tokens (the h200-proof recording, a hot change).
 BUDGET_EVIDENCE = ("on one H200 (2026-11-30, 0.5B shape) raising every budget 4 096 → 32 768 tokens took the step "
@@ -78,20 +79,32 @@ def _room_without_checkpointing(m: Measurements, change: Mapping[str, Any]) -> b
 
 
 def checkpointing_headroom(m: Measurements) -> Finding | None:
-    change = {"gradient_checkpointing": False}
-    if not m.knobs["gradient_checkpointing"] or not _room_without_checkpointing(m, {}):
+    change: dict[str, Any] = {"gradient_checkpointing": False}
+    if not m.knobs["gradient_checkpointing"]:
         return None
+    room, title = _room_without_checkpointing(m, {}), "Gradient checkpointing is on with memory to spare"
+    if not room:
+        if m.cost is None or not m.cost.mem_total_gb > 0:
+            return None  # the GPU's size unknown: no memory-for-speed trade is judged safe
+        # Not as the budgets stand: the fastest safe variant may keep activations with smaller micro batches.
+        screened = screen(m, change)
+        if screened.change.get("gradient_checkpointing") is not False:
+            return None
+        change, title = screened.change, "Gradient checkpointing is on: smaller micro batches make room without it"
     prediction = m.predicted(change)
+    if prediction is None or not prediction.step_s < prediction.measured_step_s:
+        return None
     return finding(
-        m, rule="checkpointing-headroom", title="Gradient checkpointing is on with memory to spare", severity="low",
+        m, rule="checkpointing-headroom", title=title, severity="low",
         evidence={"peak_memory_share": m.peak_memory_share,
                   "update_actor_s": m.seconds("update_actor").tolist(),
                   "update_critic_s": m.seconds("update_critic").tolist(),
-                  "predicted_step_s": prediction.step_s if prediction else None},
+                  "predicted_step_s": prediction.step_s, "predicted_gpu_peak_gib": prediction.gpu_peak_gb},
         text=f"gradient_checkpointing on while {m.peak_memory_text}",
         change=change,
         expected="Activations are kept instead of recomputed, so the backward passes of update_actor and "
-                 f"update_critic skip one forward each ({what_if.PRIORS['gradient_checkpointing'].source})."
+                 f"update_critic skip one forward each ({what_if.PRIORS['gradient_checkpointing'].source})"
+                 + ("." if room else "; budgets shrink where the memory model says the passes would not fit.")
                  + prediction_text(prediction),
     )
 
