@@ -1,10 +1,17 @@
-"""Shared fixtures: a recorded session to replay (tests/replay_fixture.py) and a private workbench home."""
+"""Shared fixtures: a recorded session to replay (tests/replay_fixture.py) and a private workbench home; the test
+lanes (README "Tests"): a bench test runs scripts in processes of their own, so it counts as slow too."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.plan_fixtures import tiny_model  # noqa: F401 (fixture: the model the recorded plans point at)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("bench") or item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from workbench import advisor, knobs, predict
-from workbench.knobs import KNOBS, UNMODELLED, Knob, RunnerPath, call_budget
+from workbench import knob as knob_module
+from workbench.knob import UNMODELLED, Knob, RunnerPath, call_budget
+from workbench.knobs import KNOBS
 from workbench.runner import trainer as runner_trainer
 
 
@@ -130,5 +132,5 @@ def test_a_trainer_call_gets_its_live_budget_then_runs_verls_call():
 @pytest.mark.parametrize("name", list(KNOBS))
 def test_every_knob_names_its_roles_and_phases(name):
     knob = KNOBS[name]
-    assert knob.roles and set(knob.roles) <= set(knobs.ROLES)
-    assert knob.phases and set(knob.phases) <= set(knobs.PHASES) == set(predict.PHASES)
+    assert knob.roles and set(knob.roles) <= set(knob_module.ROLES)
+    assert knob.phases and set(knob.phases) <= set(knob_module.PHASES) == set(predict.PHASES)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.knobs import APPLY_CLASSES, KNOBS, WORKBENCH_KNOBS, Knob
+from workbench.knob import APPLY_CLASSES, Knob
+from workbench.knobs import KNOBS, WORKBENCH_KNOBS
 from workbench import verl_config
 
 ENV_NODE_PARENT = "ray_kwargs.ray_init.runtime_env"

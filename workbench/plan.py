@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from workbench import redact
 from workbench.bounds import InputTooLarge, check_yaml_file, quoted
-from workbench.knobs import KNOBS, WORKBENCH_KNOBS, Knob, knob_defaults
+from workbench.knob import Knob
+from workbench.knobs import KNOBS, MICRO_BATCH_KNOBS, TOKEN_BUDGET_KNOBS, WORKBENCH_KNOBS, knob_defaults, knobs_in_use
 from workbench import verl_config
 
 PLAN_FORMAT = "verl-workbench-plan/1"
@@ -448,18 +449,14 @@ class Plan:
 
     def _batch_problems(self, values: dict, roles: verl_config.RolesInUse) -> list[str]:
         problems = []
-        token_roles = {"actor_token_budget": True, "logprob_token_budget": True,
-                       "ref_token_budget": roles.reference_policy, "critic_token_budget": roles.critic}
-        micro_roles = {"actor_micro_batch": True, "logprob_micro_batch": True,
-                       "ref_micro_batch": roles.reference_policy, "critic_micro_batch": roles.critic}
         if values["use_dynamic_bsz"]:
             longest = values["max_prompt_length"] + values["max_response_length"]
             problems += [f"{name}: {values[name]} tokens per GPU cannot hold one sequence of max_prompt_length + "
                          f"max_response_length = {longest} tokens"
-                         for name, used in token_roles.items() if used and values[name] < longest]
+                         for name in knobs_in_use(TOKEN_BUDGET_KNOBS, roles) if values[name] < longest]
         else:
             problems += [f"{name}: needs a value while use_dynamic_bsz is off (sequences per GPU per micro batch)"
-                         for name, used in micro_roles.items() if used and values[name] is None]
+                         for name in knobs_in_use(MICRO_BATCH_KNOBS, roles) if values[name] is None]
         train, mini = values["train_batch_size"], values["ppo_mini_batch_size"]
         if train % mini:
             problems.append(f"train_batch_size: {train} prompts do not split into whole mini batches of "

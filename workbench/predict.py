@@ -23,7 +23,8 @@ from typing import Any, Mapping
 import pandas as pd
 
 from . import memory, memory_fit
-from .knobs import PHASES, model_groups
+from .knob import PHASES
+from .knobs import model_groups
 
 PER_TOKEN_PHASES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 MIB_PER_GIB = 1024.0
@@ -76,7 +77,7 @@ PRIORS: dict[str, Prior] = {
     "offload": Prior({}, 0.15, "not measured: offload moves parameters or optimizer state over PCIe each step"),
 }
 
-# The effect groups _effects models; each knob names its own in the knob table (knobs.UNMODELLED where none).
+# The effect groups _effects models; each knob names its own in the knob table (knob.UNMODELLED where none).
 MODEL_GROUPS = ("fused_kernels", "gradient_checkpointing", "rollout_enforce_eager", "rollout_logprob_bypass",
                 "critic_lora", "trainer_mode", "tokens", "waves", "batching", "rollout_engine", "offload")
 _GROUP_OF = model_groups()

@@ -10,7 +10,7 @@ import argparse
 import math
 
 from ..bounds import quoted
-from ..knobs import MAX_GPUS
+from ..knob import MAX_GPUS
 
 MAX_PORT = 65535
 

@@ -32,7 +32,8 @@ from verl.trainer.ppo.utils import Role
 from .. import checkpoints
 from .. import control as c
 from ..boundary import HotChange, StepBoundary
-from ..knobs import DYNAMIC_BSZ_INFO, KNOBS, TOKEN_BUDGET_KNOBS, budget_of_call, settings_of_call
+from ..knob import DYNAMIC_BSZ_INFO
+from ..knobs import KNOBS, TOKEN_BUDGET_KNOBS, budget_of_call, settings_of_call
 from ..store import Store
 from . import levers
 from .replay_buffer import shorten_poll
@@ -40,7 +41,7 @@ from .runtime import milestone
 
 # The knobs the runner changes between steps, and the verl keys each sets (all of them): the hot knobs of the table.
 HOT_KNOB_KEYS = {name: knob.keys for name, knob in KNOBS.items() if knob.apply == "hot"}
-# The runner paths (knobs.RunnerPath kinds) this trainer applies between steps; a hot knob on any other path would
+# The runner paths (knob.RunnerPath kinds) this trainer applies between steps; a hot knob on any other path would
 # pass the supervisor's check and never reach verl (tests/test_knobs.py holds the table to this).
 HOT_PATH_KINDS = ("call", "worker")
 # verl trainer call -> {extra_info key: knob} the runner passes to it, from the knob table's call paths.
