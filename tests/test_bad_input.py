@@ -131,6 +131,7 @@ def test_session_dirs_are_owner_only(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ a running session
+@pytest.mark.slow
 def test_bad_input_to_a_session_gets_one_clear_line(home):
     """Every case against one replayed session (so the table costs one start-up): each raises its error at once, in
     one line, and nothing is queued."""

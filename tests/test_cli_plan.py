@@ -113,6 +113,7 @@ def test_diff_of_settings_against_the_inputs(capsys):
     assert status == 2 and "two plan files" in err
 
 
+@pytest.mark.slow
 def test_console_entry_runs_in_its_own_process():
     completed = subprocess.run(
         [sys.executable, "-m", "workbench.cli", "plan", "export", "--format", "command", "--set", "gpus=0,1"],

@@ -7,6 +7,7 @@ import socket
 import urllib.request
 
 import psutil
+import pytest
 
 from tests.browser.conftest import Up
 from workbench.cli import main
@@ -14,6 +15,7 @@ from workbench.cli.up import follow, live_possible
 from workbench.session import Session
 
 
+@pytest.mark.slow
 def test_up_without_gpu_replays_the_recording_and_stops_it(home, capsys):
     assert live_possible()[0] is False
     assert main(["up", "--no-dashboard", "--speed", "50", "--steps", "2"]) == 0
@@ -26,6 +28,7 @@ def test_up_without_gpu_replays_the_recording_and_stops_it(home, capsys):
     assert not psutil.pid_exists(int(session.meta["supervisor_pid"]))
 
 
+@pytest.mark.slow
 def test_up_prints_operator_and_viewer_urls_and_serves_the_page(tmp_path):
     up = Up.start(tmp_path, "--speed", "50")
     try:
@@ -51,6 +54,7 @@ def test_up_says_when_the_port_is_taken(home, capsys):
     assert Session.list().empty  # no session started for nothing
 
 
+@pytest.mark.slow
 def test_follow_ends_with_the_session(home):
     session = Session.replay("h200-lora-critic-sync", speed=200, follow=False)
     out = io.StringIO()

@@ -319,6 +319,7 @@ def _wait(session: Session, predicate, timeout: float = TIMEOUT) -> None:
     session.wait_until(predicate, timeout=timeout, poll=0.05)
 
 
+@pytest.mark.slow
 def test_apply_returns_before_the_supervisor_answers(recording, home):
     session = Session.replay(recording, speed=SLOW, follow=False)
     try:
@@ -340,6 +341,7 @@ def test_apply_returns_before_the_supervisor_answers(recording, home):
         session.stop(now=True)
 
 
+@pytest.mark.slow
 def test_a_hot_change_queued_mid_step_applies_from_the_next_step(recording, home):
     # ~3 s between replayed steps (the recorded H200 steps took 60 s): the supervisor takes the change within
     # POLL_S and checks it in well under a second; the run takes it at the boundary of the step under way.
@@ -361,6 +363,7 @@ def test_a_hot_change_queued_mid_step_applies_from_the_next_step(recording, home
         session.stop(now=True)
 
 
+@pytest.mark.slow
 def test_the_supervisor_refuses_with_problems_keyed_by_knob(recording, home):
     session = Session.replay(recording, speed=SLOW, follow=False)
     try:
@@ -381,6 +384,7 @@ def test_the_supervisor_refuses_with_problems_keyed_by_knob(recording, home):
         session.stop(now=True)
 
 
+@pytest.mark.slow
 def test_a_change_the_run_never_took_ends_not_applied(recording, home):
     session = Session.replay(recording, speed=SLOW, follow=False)
     try:
@@ -394,6 +398,7 @@ def test_a_change_the_run_never_took_ends_not_applied(recording, home):
         session.stop(now=True)
 
 
+@pytest.mark.slow
 def test_a_restart_class_change_resumes_at_a_step(recording, home):
     session = Session.replay(recording, speed=SLOW * 4, follow=False)
     try:

@@ -41,6 +41,7 @@ def test_every_notebook_is_tested():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted([*SAYS, "dashboard.ipynb"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAYS))
 def test_tutorial_runs_and_explains_with_the_sessions_numbers(name, home):
     text = text_of(run(NOTEBOOKS / name, home))
@@ -48,6 +49,7 @@ def test_tutorial_runs_and_explains_with_the_sessions_numbers(name, home):
     assert not missing, f"{name} did not say {missing}:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
 def test_dashboard_notebook_shows_the_session_named_in_the_page_url(home, monkeypatch):
     from workbench.session import Session
 

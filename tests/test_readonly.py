@@ -44,6 +44,7 @@ def _digest(directory: Path) -> dict[str, str]:
             if p.is_file() and not p.name.endswith("-shm") and not (p.name.endswith("-wal") and not p.stat().st_size)}
 
 
+@pytest.mark.slow
 def test_a_read_only_attach_cannot_write(home):
     operator = Session.replay("h200-proof", speed=50, follow=False)
     operator.wait_for_step(1, timeout=TIMEOUT)
@@ -62,6 +63,7 @@ def test_a_read_only_attach_cannot_write(home):
     operator.stop(now=True)
 
 
+@pytest.mark.slow
 def test_reading_a_finished_session_changes_nothing_in_it(home):
     session = _finished(home)
     session.close()
@@ -78,6 +80,7 @@ def _as_nobody() -> list[str]:
     return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
+@pytest.mark.slow
 def test_another_user_can_read_a_finished_session(home):
     """The owner shares a finished session: a copy, readable by all, in a directory only the owner can write. The
     store is in WAL mode and there is no -shm file, which the reader can't create."""

@@ -170,6 +170,7 @@ def _owner_only(directory: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_a_session_writes_no_secret_and_no_token_and_keeps_to_its_owner(home, monkeypatch):
     """A session started the way Session.start starts one, from a plan that holds a credential (the recorded plan of
     h200-lora-critic-sync plus an API key, so that it replays on a CPU): no file it writes holds the credential,

@@ -82,6 +82,7 @@ def run_python(code: str, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_a_replay_outlives_its_starter_and_any_process_sees_its_rows(recording, home):
     started = run_python(
         "import sys\nfrom workbench.session import Session\n"
@@ -145,6 +146,7 @@ def test_a_replay_outlives_its_starter_and_any_process_sees_its_rows(recording, 
     assert (row["kind"], row["state"], row["steps"]) == ("replay", "finished", 4)
 
 
+@pytest.mark.slow
 def test_read_only_attach_refuses_control(recording, home):
     session = Session.replay(recording, speed=SLOW)
     try:
@@ -167,6 +169,7 @@ def test_read_only_attach_refuses_control(recording, home):
     assert session.state == "stopped"
 
 
+@pytest.mark.slow
 def test_pause_holds_the_steps_resume_continues_stop_ends(recording, home):
     session = Session.replay(recording, speed=SLOW)
     session.pause()  # accepted while verl "starts"; takes effect at the first step boundary, like the live trainer
@@ -190,6 +193,7 @@ def test_pause_holds_the_steps_resume_continues_stop_ends(recording, home):
     wait(session, supervisor_gone)
 
 
+@pytest.mark.slow
 def test_apply_hot_then_restart_then_crash_and_rollback(recording, recorded_plans, home):
     """One session through every change path. Each change is made while paused, so each lands at a known step."""
     session = Session.replay(recording, speed=SLOW, crash_at_step=3)
@@ -265,6 +269,7 @@ def test_apply_hot_then_restart_then_crash_and_rollback(recording, recorded_plan
         session.resume()
 
 
+@pytest.mark.slow
 def test_a_crash_of_the_first_plan_leaves_nothing_to_roll_back_to(recording, home):
     session = Session.replay(recording, speed=FAST, crash_at_step=2)
     wait(session, lambda s: s.state == "failed")
@@ -346,6 +351,7 @@ def test_the_proof_recording_keeps_its_crashed_segment_and_its_operators_command
     assert recording.segment_for(plan_4, after_step=18).id == 4
 
 
+@pytest.mark.slow
 def test_a_replay_follows_the_recorded_operator_through_the_whole_recording(home):
     """h200-proof end to end at 50×: a hot apply, two restarts, a recorded OOM crash, the rollback, the stop."""
     session = Session.replay(PROOF, speed=PROOF_SPEED)  # by name: the bundled recording
@@ -419,6 +425,7 @@ def test_a_replay_follows_the_recorded_operator_through_the_whole_recording(home
     wait(session, supervisor_gone)
 
 
+@pytest.mark.slow
 def test_without_following_a_replay_plays_the_first_recorded_segment_only(home):
     session = Session.replay(PROOF, speed=PROOF_SPEED, follow=False)
     wait(session, lambda s: s.state == "finished")

@@ -98,6 +98,7 @@ print(json.dumps(claimed))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_never_claim_the_same_command(tmp_path):
     store = Store(tmp_path)
     names = ("left", "right")

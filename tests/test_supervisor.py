@@ -5,6 +5,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from workbench.procs import end_child, end_process_session, kill_tree, process_alive, session_members
 from workbench.runs import looks_like_oom, traceback_tail
@@ -18,6 +19,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.slow
 def test_kill_tree_ends_children_and_reparented_orphans():
     leader = subprocess.Popen([sys.executable, "-c", ORPHAN_MAKER], stdout=subprocess.PIPE, text=True, start_new_session=True)
     orphan_pid = int(leader.stdout.readline())
@@ -36,6 +38,7 @@ def test_kill_tree_ends_children_and_reparented_orphans():
     assert gone
 
 
+@pytest.mark.slow
 def test_kill_tree_of_a_finished_process_is_harmless():
     done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     done.wait()
@@ -93,6 +96,7 @@ def test_restart_environment_says_what_a_relaunch_cannot_carry_over(tmp_path):
     assert "optimizer state, critic state, data position" in losses[-1]
 
 
+@pytest.mark.slow
 def test_a_child_that_ignores_sigterm_is_killed_and_reaped():
     stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; "
                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(300)"],
@@ -104,6 +108,7 @@ def test_a_child_that_ignores_sigterm_is_killed_and_reaped():
     assert not process_alive(stubborn.pid)
 
 
+@pytest.mark.slow
 def test_ending_a_process_session_leaves_other_sessions_alone():
     leader = subprocess.Popen([sys.executable, "-c", ORPHAN_MAKER], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)

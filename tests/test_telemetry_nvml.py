@@ -47,6 +47,7 @@ def test_no_nvml_raises_a_clear_message():
     assert "live telemetry needs a GPU" in message and "replayed samples are shown instead" in message
 
 
+@pytest.mark.slow
 @needs_no_nvml
 def test_sampler_process_without_nvml_says_so_and_records_it(tmp_path):
     Store(tmp_path).close()
@@ -60,6 +61,7 @@ def test_sampler_process_without_nvml_says_so_and_records_it(tmp_path):
     assert list(events["kind"]) == ["telemetry"] and NO_NVML_MESSAGE in events["text"].iloc[0]
 
 
+@pytest.mark.slow
 @needs_no_nvml
 def test_selftest_without_nvml_prints_json_reason():
     done = subprocess.run([sys.executable, "-m", "workbench.telemetry.selftest"], capture_output=True, text=True, timeout=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.telemetry_traces import QUICKSTART, TUNED
@@ -68,6 +69,7 @@ def test_empty_store_serves_no_values(tmp_path):
         server.server_close()
 
 
+@pytest.mark.slow
 def test_a_session_serves_its_metrics_for_prometheus(home):
     import time
     import urllib.request

@@ -135,6 +135,7 @@ def child_of_this_process():
     child.wait()
 
 
+@pytest.mark.slow
 def test_child_of_a_registered_worker_takes_its_role(tmp_path, child_of_this_process):
     store = Store(tmp_path)
     node = socket.gethostname()
@@ -165,6 +166,7 @@ def titled_parent_with_child():
         parent.wait()
 
 
+@pytest.mark.slow
 def test_unregistered_process_is_classified_by_its_ancestors_title(titled_parent_with_child):
     gpu_process = titled_parent_with_child("ray::TrainingWorker.train_mini_batch")
     roles = RoleAttributor(lambda: {})
@@ -173,6 +175,7 @@ def test_unregistered_process_is_classified_by_its_ancestors_title(titled_parent
     assert roles.role_of(2**22 + 12345) == UNKNOWN_ROLE  # gone (or in another PID namespace)
 
 
+@pytest.mark.slow
 def test_the_walk_stops_at_the_raylet(titled_parent_with_child):
     # A Ray worker nobody registered sits under the raylet, which sits under the (registered) driver in a
     # one-machine run; the driver's role must not leak down to it.
@@ -181,6 +184,7 @@ def test_the_walk_stops_at_the_raylet(titled_parent_with_child):
     assert roles.role_of(worker_under_raylet.pid) == UNKNOWN_ROLE
 
 
+@pytest.mark.slow
 def test_sampler_writes_attributed_processes_about_once_a_second(tmp_path, child_of_this_process):
     store = Store(tmp_path)
     node = socket.gethostname()

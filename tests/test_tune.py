@@ -43,6 +43,7 @@ def test_grid_takes_values_or_derives_them():
         grid({"nope": [1]}, values)
 
 
+@pytest.mark.slow
 def test_hot_trial_runs_live_and_the_best_plan_stays_in_force(recording, recorded_plans, home):
     session = Session.replay(recording, speed=SPEED, follow=False)
     try:
@@ -76,6 +77,7 @@ PROOF_BUDGETS = ("actor_token_budget", "logprob_token_budget", "ref_token_budget
 PROOF_SPEED = 4  # h200-proof's ~12 s steps take ~3 s; its first segment has 9 steps, ~24 s after the baseline
 
 
+@pytest.mark.slow
 def test_hot_first_then_restarts_and_a_predicted_oom_is_never_run(home):
     """On the bundled h200-proof recording (the workbench's own sampler: GPU memory totals are known). Its first
     segment ran token budgets of 4 096 and its second, a hot change away, 32 768; no segment ran fused kernels."""
@@ -121,6 +123,7 @@ def test_a_read_only_session_cannot_tune(recording):
         tune(Session(recording, read_only=True), candidates=[{"actor_token_budget": HOT_NEIGHBOUR_BUDGET}])
 
 
+@pytest.mark.slow
 def test_an_ended_session_ends_tuning_at_once(recording, home):
     session = Session.replay(recording, speed=2000, follow=False)  # the recorded run, over in seconds
     wait(session, lambda s: s.state == "finished")

@@ -24,6 +24,8 @@ from widgets.dashboard import Dashboard, page_query
 from widgets.knob_editor import as_text
 from workbench import Session
 
+pytestmark = pytest.mark.slow  # one replay serves the module
+
 TIMEOUT = 120.0
 SLOW = 50  # recorded seconds per second: ~0.3 s between steps, ~3 s for verl's recorded start-up
 PROOF = "h200-proof"

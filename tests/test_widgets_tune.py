@@ -15,6 +15,8 @@ from widgets.dashboard import Dashboard
 from widgets.tune import AUTOPILOT_RUNNING, NO_KNOB, RUNNING_REASON
 from workbench import Session
 
+pytestmark = pytest.mark.slow  # one replay serves the module
+
 TIMEOUT = 60.0
 PROOF = "h200-proof"
 

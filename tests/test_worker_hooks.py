@@ -74,6 +74,7 @@ def test_value_lora_refuses_a_model_without_a_value_head():
         worker_hooks.build_value_lora(torch.nn.Linear(2, 2), lora_settings())
 
 
+@pytest.mark.slow
 def test_setup_patches_verl_modules_when_they_are_imported_later():
     # A fresh interpreter, as in a Ray worker: the hook runs first, verl is imported afterwards.
     code = textwrap.dedent(
