@@ -70,6 +70,7 @@ def test_the_dashboard_notebook_is_found_where_the_package_lives():
     assert (notebooks_dir() / DASHBOARD_NOTEBOOK).is_file()
 
 
+@pytest.mark.slow
 def test_the_cli_explains_itself_at_once():
     """`verl-workbench --help` lists every command without importing them (under a second even on a loaded
     machine); `up --help` says what it does, its defaults and the recordings it can replay."""

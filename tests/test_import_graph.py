@@ -138,3 +138,10 @@ def test_the_engine_imports_no_view(graph):
     _, external = graph
     views = [m for m, packages in external.items() if packages & {"ipywidgets", "plotly", "widgets"}]
     assert views == []
+
+
+def test_every_engine_module_stays_readable():
+    """Keep each module of workbench/ under 600 lines (DEVELOPERS.md), and Session a thin face (issue 18)."""
+    lines = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert {name: n for name, n in lines.items() if n > 600} == {}
+    assert lines["workbench.session"] <= 450

@@ -7,6 +7,7 @@ it (the supervisor with verl's own config check on top, for a live run).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from . import control as c
 from .plan import PLAN_PROBLEM, Plan, PlanError
+from .recordings import no_segment_words
 from .store import APPEND_TABLES, POLL_FIELDS
 
 NO_CHANGE = "no change: give knob values that differ from the plan in force"
@@ -101,6 +103,21 @@ def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, sessio
     except PlanError as error:
         return Preview(changes, None, [], error.problems, messages=error.messages), None
     return Preview(changes, judged.mode, judged.diff, {}), judged.new
+
+
+def unplayable(preview: Preview, offers: list[dict[str, Any]]) -> Preview:
+    """A replay's refusal of a change no recorded segment ran: refused at once (never "accepted" first), its mode
+    and diff kept (what it would do where it could be played), with the changes the replay can take (`offers`)."""
+    words = no_segment_words(offers)
+    return dataclasses.replace(preview, problems={PLAN_PROBLEM: words}, messages=[words], offers=offers)
+
+
+def with_prediction(preview: Preview, prediction: Any) -> Preview:
+    """The preview with the what-if prediction of its new plan (None: nothing measured enough yet) and its
+    warnings (e.g. a predicted out-of-memory)."""
+    if prediction is None:
+        return preview
+    return dataclasses.replace(preview, prediction=prediction, warnings={**preview.warnings, **prediction.warnings})
 
 
 def refusal(changes: dict[str, Any], message: str) -> Preview:

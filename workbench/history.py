@@ -160,15 +160,22 @@ def startup_phases(store: Store, directory: Path, steps: pd.DataFrame, segment: 
                          first_step_end=float(first.min()) if len(first) else None)
 
 
-class SegmentCosts:
-    """The what-if model's calibration (advisor.segment_costs), computed again only when a new step arrived."""
+def segment_costs_of(store: Store, plans: PlanCache) -> list:
+    """The what-if model's calibration (advisor.segment_costs): each segment with enough measured steps."""
+    knobs = {row["id"]: plans.knobs(row["plan_json"]) for row in store.rows("segments")}
+    return segment_costs(store.frame("steps"), store.frame("samples"), knobs)
 
-    def __init__(self) -> None:
-        self._seen: tuple[int | None, list] | None = None  # (newest step id, costs)
 
-    def get(self, store: Store, plans: PlanCache) -> list:
-        newest = store.max_id("steps")
+class UntilNewRows:
+    """A value read from a session's store, computed again only once `tables` have new rows (the what-if
+    calibration on a new step; the memory model on a new step or event)."""
+
+    def __init__(self, store: Store, tables: tuple[str, ...], compute: Callable[[], Any]) -> None:
+        self._store, self._tables, self._compute = store, tables, compute
+        self._seen: tuple[tuple, Any] | None = None  # (newest row ids, value)
+
+    def get(self) -> Any:
+        newest = tuple(self._store.max_id(table) for table in self._tables)
         if self._seen is None or self._seen[0] != newest:
-            knobs = {row["id"]: plans.knobs(row["plan_json"]) for row in store.rows("segments")}
-            self._seen = (newest, segment_costs(store.frame("steps"), store.frame("samples"), knobs))
+            self._seen = (newest, self._compute())
         return self._seen[1]

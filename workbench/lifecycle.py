@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -203,6 +203,34 @@ def failure_words(store: Store, state: str, directory: Path) -> str | None:
         if event["kind"] in (c.EV_FAILED, c.EV_CRASH, c.EV_LOST):
             return event["text"]
     return gone_reason(store.meta(), directory)
+
+
+def status_words(session_id: str, state: str, failure: str | None) -> str:
+    return f"session {session_id} is {state}" + (f": {failure}" if failure else "")
+
+
+def no_supervisor_words(kind: str, session_id: str, state: str, failure: str | None) -> str:
+    """Why a control command finds nobody to carry it out."""
+    why = f": {failure}" if failure else ""
+    if state == c.LOST:
+        return f"{kind}: the supervisor of session {session_id} is gone{why}"
+    return f"{kind}: session {session_id} is {state} and its supervisor has exited: nothing runs to control{why}"
+
+
+def step_reached(step: int) -> Callable[[Any], bool]:
+    """Whether a session (read through Session's face) ran `step`; RuntimeError once it ended before it."""
+    def reached(session: Any) -> bool:
+        state = session.state  # before the step: a session that ends right after the step has reached it all the same
+        last = session.last_step()
+        if last is not None and last >= step:
+            return True
+        if state in c.ENDED_STATES:
+            failure = session.failure
+            raise RuntimeError(f"session {session.id} is {state} before step {step}"
+                               + (f": {failure}" if failure else ""))
+        return False
+
+    return reached
 
 
 def gone_reason(meta: Mapping[str, Any], directory: Path) -> str:

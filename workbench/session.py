@@ -13,7 +13,6 @@ The handle itself holds no run: kernels can come and go, the supervisor and the 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sqlite3
 import time
@@ -29,16 +28,17 @@ from . import history
 from . import verl_config
 from .advisor import Finding, findings_frame
 from .handles import (HANDLE_FINAL, ApplyRefused, ApplyResult, Poll, PollCursor, Preview, ReadOnlySession,
-                      poll_since, preview_change, wait_for_answer)
+                      poll_since, preview_change, unplayable, wait_for_answer, with_prediction)
 from .knobs import KNOB_TABLE_COLUMNS, irrelevant_knobs, knob_defaults, knob_rows
-from .lifecycle import (SessionKind, effective_state, failure_words, gpu_count, list_sessions, mark_lost, read_token,
-                        replay_launch, resolve_recording, spawn_supervisor, token_matches, warm_plan_checks)
+from .lifecycle import (SessionKind, effective_state, failure_words, gpu_count, list_sessions, mark_lost,
+                        no_supervisor_words, read_token, replay_launch, resolve_recording, spawn_supervisor,
+                        status_words, step_reached, token_matches, warm_plan_checks)
 from .paths import resolve_session_dir
-from .plan import PLAN_PROBLEM, Plan, PlanError
+from .plan import Plan, PlanError
 from .predict import Prediction, closest_cost
 from .predict import predict as predict_plan
 from .procs import process_alive, wait_gone
-from .recordings import no_segment_words, recorded_plans
+from .recordings import recorded_plans
 from .store import Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
@@ -51,7 +51,9 @@ class Session:
         # A viewer opens the store read-only: no writes, no schema script (the session may be another user's).
         self._store = Store(self.dir, readonly=self._token is None, create=False)
         self._plans = history.PlanCache()
-        self._costs = history.SegmentCosts()
+        self._costs = history.UntilNewRows(self._store, ("steps",),
+                                           lambda: history.segment_costs_of(self._store, self._plans))
+        self._memory = history.UntilNewRows(self._store, ("steps", "events"), lambda: advisor.memory_model_of(self))
         if self._token is not None:
             warm_plan_checks()
 
@@ -220,15 +222,11 @@ class Session:
         return pid is None or wait_gone(int(pid), timeout_s)
 
     def _no_supervisor(self, kind: str) -> str:
-        state, failure = self.state, self.failure
-        why = f": {failure}" if failure else ""
-        if state == c.LOST:
-            return f"{kind}: the supervisor of session {self.id} is gone{why}"
-        return f"{kind}: session {self.id} is {state} and its supervisor has exited: nothing runs to control{why}"
+        return no_supervisor_words(kind, self.id, self.state, self.failure)
 
     def _status_words(self) -> str:
-        state, failure = self.state, self.failure  # reading the state runs the watchdog
-        return f"session {self.id} is {state}" + (f": {failure}" if failure else "")
+        state = self.state  # first: reading the state runs the watchdog, which may write the failure
+        return status_words(self.id, state, self.failure)
 
     def preview(self, changes: dict[str, Any] | None) -> Preview:
         """What applying `changes` would do (mode, diff against the plan in force, problems keyed by knob), with
@@ -241,10 +239,8 @@ class Session:
             restart_pending=bool(self._store.commands_in([c.RESTARTING], kinds=[c.APPLY])))
         kind = self.kind
         if new is not None and kind.is_replay and not recorded_plans(kind.recording).takes(new):
-            offers = self.recorded_changes()  # refused at once, never "accepted" first: and what it can take
-            words = no_segment_words(offers)  # mode and diff stay: what it would do where it could be played
-            return dataclasses.replace(preview, problems={PLAN_PROBLEM: words}, messages=[words], offers=offers)
-        return self._with_prediction(preview, new) if new is not None else preview
+            return unplayable(preview, self.recorded_changes())
+        return with_prediction(preview, self._predict(new.knob_values())) if new is not None else preview
 
     def recorded_changes(self) -> list[dict[str, Any]]:
         """On a replay: the changes from the plan in force its recording can play (one per other recorded plan);
@@ -314,17 +310,8 @@ class Session:
         return self
 
     def wait_for_step(self, step: int, timeout: float = 600.0) -> "Session":
-        def reached(s: "Session") -> bool:
-            state = s.state  # before the step: a session that ends right after the step has reached it all the same
-            last = s.last_step()
-            if last is not None and last >= step:
-                return True
-            if state in c.ENDED_STATES:
-                failure = s.failure
-                raise RuntimeError(f"session {s.id} is {state} before step {step}" + (f": {failure}" if failure else ""))
-            return False
-
-        return self.wait_until(reached, timeout=timeout)
+        """Wait until `step` ran; RuntimeError (with the reason) once the session ended before it."""
+        return self.wait_until(step_reached(step), timeout=timeout)
 
     # ----------------------------------------------------------------- cheap reads for many viewers
     def poll(self, cursor: PollCursor | None = None) -> Poll:
@@ -417,16 +404,15 @@ class Session:
         return findings_frame(self.advice_findings(segment_id))
 
     def startup_phases(self, segment: int | None = None) -> pd.DataFrame:
-        """Where a launch's start-up went: Ray, TaskRunner/dataloader, workers, vLLM (server, engine, compile, KV
-        cache, CUDA graphs), first step — read from the segment's log by its own timestamps (workbench/startup.py),
-        from the segment's launch to its first step's row. Default: the newest launched segment; a hot-applied
-        segment ran in the process its predecessor launched, so that launch is the one shown."""
+        """Where a launch's start-up went (Ray, TaskRunner/dataloader, workers, vLLM's phases, first step), read
+        from the segment's log (workbench/startup.py). Default: the newest launched segment (a hot-applied segment
+        ran in the process its predecessor launched, so that launch is the one shown)."""
         return history.startup_phases(self._store, self.dir, self.steps(), segment)
 
     # ----------------------------------------------------------------- what-if and live tuning (predict.py, tune.py)
     def segment_costs(self) -> list:
         """The what-if model's calibration: each segment with enough measured steps (cached until a new step)."""
-        return self._costs.get(self._store, self._plans)
+        return self._costs.get()
 
     def predict(self, changes: dict[str, Any]) -> Prediction | None:
         """The plan in force with `changes`: step time per phase and peak GPU memory, with an uncertainty, from
@@ -436,21 +422,11 @@ class Session:
 
     def memory_model(self):
         """The memory model this session's segments and crashes calibrate (cached until a new step or event)."""
-        newest = (self._store.max_id("steps"), self._store.max_id("events"))
-        if getattr(self, "_memory", (None,))[0] != newest:
-            self._memory = (newest, advisor.memory_model_of(self))
-        return self._memory[1]
+        return self._memory.get()
 
     def _predict(self, values: dict[str, Any]) -> Prediction | None:
         basis = closest_cost(self.segment_costs(), values)
         return predict_plan(basis, values, self.memory_model()) if basis is not None else None
-
-    def _with_prediction(self, preview: Preview, new: Plan) -> Preview:
-        prediction = self._predict(new.knob_values())
-        if prediction is None:
-            return preview
-        return dataclasses.replace(preview, prediction=prediction, warnings={**preview.warnings,
-                                                                             **prediction.warnings})
 
     def tune(self, knobs: Any = None, **options: Any):
         """Live auto-tune over knob values or candidate changes (see workbench.tune.tune); returns a TuneResult
