@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from datetime import datetime, timezone
@@ -100,124 +99,6 @@ def test_segments_keep_compile_caches_in_the_session_and_log_vllm_at_info(tmp_pa
     config, _ = runtime.runtime_config(verl_like_config(), tmp_path)
     env = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert "VLLM_DISABLE_COMPILE_CACHE" not in env and "VLLM_CACHE_ROOT" not in env
-
-
-def test_session_ray_cluster_applies_to_single_node_plans_only(monkeypatch):
-    from types import SimpleNamespace
-
-    from workbench import ray_cluster
-
-    one_node = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
-    two_nodes = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=2)), workbench={"gpus": [0]})
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv(ray_cluster.ENABLE_ENV, raising=False)
-    assert ray_cluster.enabled(one_node) and not ray_cluster.enabled(two_nodes)  # on unless switched off
-    monkeypatch.setenv(ray_cluster.ENABLE_ENV, "0")
-    assert not ray_cluster.enabled(one_node)
-    assert ray_cluster.SessionRayCluster("/tmp/x").env_for(one_node) == {}
-    assert ray_cluster.SessionRayCluster("/tmp/x").end_run_processes() == []  # no cluster: nothing to do
-    monkeypatch.setenv(ray_cluster.ENABLE_ENV, "1")
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # the user's own cluster: theirs to manage
-    assert not ray_cluster.enabled(one_node)
-
-
-def test_a_session_cluster_that_cannot_start_leaves_ray_to_the_run(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
-    from workbench import ray_cluster
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    plan = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
-    cluster = ray_cluster.SessionRayCluster(tmp_path)
-
-    def refuse(gpus, attempts=2):
-        raise RuntimeError("ray start --head failed 2 times (exit 1): see ray-cluster.log")
-
-    monkeypatch.setattr(cluster, "start", refuse)
-    assert cluster.env_for(plan) == {} and "ray start --head failed" in cluster.failure
-
-
-@pytest.mark.slow
-def test_the_watchdog_ends_the_cluster_when_the_supervisor_is_killed(tmp_path):
-    """SIGKILL to the supervisor: Ray's daemons (stood in for by processes naming the cluster's temp dir, one with a
-    child) are ended by the watchdog; a watchdog whose cluster was stopped just leaves."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    temp_dir = tmp_path / "wb-ray-test"
-    temp_dir.mkdir()
-    sleeper = "import subprocess, sys, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
-    daemons = [subprocess.Popen([sys.executable, "-c", sleeper, f"--temp-dir={temp_dir}"], start_new_session=True)
-               for _ in range(2)]
-    supervisor = subprocess.Popen(["sleep", "600"])
-    watchdog = subprocess.Popen([sys.executable, "-m", "workbench.ray_cluster", "--watch", str(supervisor.pid),
-                                 "--temp-dir", str(temp_dir)], stdout=subprocess.PIPE, text=True)
-    try:
-        time.sleep(3)
-        children = [c for d in daemons for c in psutil.Process(d.pid).children(recursive=True)]
-        assert children and watchdog.poll() is None
-        supervisor.send_signal(signal.SIGKILL)
-        supervisor.wait()
-        assert "cluster ended" in watchdog.communicate(timeout=60)[0]
-        for daemon in daemons:
-            assert daemon.wait(timeout=30) is not None
-        assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in children)
-        assert not temp_dir.exists()
-    finally:
-        for p in (*daemons, supervisor, watchdog):
-            if p.poll() is None:
-                p.kill()
-    alone = subprocess.run([sys.executable, "-m", "workbench.ray_cluster", "--watch", str(os.getpid()),
-                            "--temp-dir", str(tmp_path / "no-cluster")], capture_output=True, text=True, timeout=60)
-    assert "the cluster was stopped" in alone.stdout
-
-
-@pytest.mark.slow
-def test_session_ray_cluster_outlives_a_run_and_ends_what_the_run_left(tmp_path, monkeypatch):
-    """A real Ray head (CPU): a run joins it, starts an actor that starts a child process, and exits without
-    cleaning up; end_run_processes ends the actor and its child, the head stays for the next run; stop ends it."""
-    import subprocess
-    import sys
-    from types import SimpleNamespace
-
-    import psutil
-
-    from workbench.ray_cluster import SessionRayCluster
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("WORKBENCH_RAY_CLUSTER", "1")
-    plan = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(nnodes=1)), workbench={"gpus": [0]})
-    cluster = SessionRayCluster(tmp_path)
-    try:
-        env = cluster.env_for(plan)
-        assert env["RAY_ADDRESS"].startswith("127.0.0.1:") and cluster.alive()
-        assert cluster.env_for(plan) == env  # the same cluster for the next run
-        run = (
-            "import ray, subprocess, time, os\n"
-            "ray.init()\n"
-            "@ray.remote(num_cpus=0)\n"
-            "class A:\n"
-            "    def go(self):\n"
-            "        self.p = subprocess.Popen(['sleep', '600'])\n"
-            "        return self.p.pid\n"
-            "a = A.remote()\n"
-            "print(ray.get(a.go.remote()), flush=True)\n"
-            "os._exit(0)\n"
-        )
-        out = subprocess.run([sys.executable, "-c", run], env={**os.environ, **env}, capture_output=True, text=True,
-                             timeout=300)
-        child = int(out.stdout.strip().splitlines()[-1])
-        cluster.end_run_processes(grace_s=20)
-        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
-        assert not cluster.run_processes()
-        assert cluster.alive()
-    finally:
-        cluster.stop()
-    assert not cluster.processes()
 
 
 def test_session_startup_phases_reads_the_launched_segments_log(tmp_path, monkeypatch):

@@ -102,8 +102,8 @@ class Supervisor:
         self.store.add_event(c.EV_LAUNCHED, text + (f"; {pruned} (only the one resumed from is kept)" if pruned else ""),
                              {"segment": self.segment_id, "resume_step": resumed_from})
         self.run = self.run_factory(self.segment_id, plan, env or {})
-        if self.ray.failure:
-            self.store.add_event(c.EV_RUNTIME, f"no session Ray cluster, verl starts Ray itself: {self.ray.failure}")
+        for notice in self.ray.notices:  # the session Ray cluster restarted, or left to the run
+            self.store.add_event(c.EV_RUNTIME, notice)
         self._ensure_sampler(plan)
         if isinstance(self.run, LiveRun):
             # run_pid is also the run's process session id: what a watchdog kills when this supervisor is gone.

@@ -22,6 +22,7 @@ from .. import control as c
 from ..store import Store
 from ..control import SEGMENT_ENV, SESSION_ENV
 from ..procs import die_with_supervisor
+from ..ray_cluster import join_or_own_ray
 from .runtime import runtime_config
 from .task_runner import WorkbenchTaskRunner
 
@@ -34,8 +35,9 @@ def run_segment(session_dir: Path, segment_id: int) -> None:
     os.environ[SESSION_ENV] = str(session_dir)
     os.environ[SEGMENT_ENV] = str(segment_id)
     config, notes = runtime_config(OmegaConf.load(config_path), session_dir)
-    for note in notes:
-        store.add_event(c.EV_RUNTIME, note)
+    for note in [*notes, join_or_own_ray()]:  # before verl's ray.init: a session cluster that can't take it is left
+        if note:
+            store.add_event(c.EV_RUNTIME, note)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_ppo(config, task_runner_class=WorkbenchTaskRunner)
 
