@@ -153,3 +153,57 @@ def test_the_1_5b_shape_has_qwen2_5_1_5b_parameter_count():
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(**SHAPES["qwen2.5-1.5b"], tie_word_embeddings=True))
     assert 1.50e9 < sum(p.numel() for p in model.parameters()) < 1.56e9
+
+
+def test_the_tokenizer_class_comes_from_where_transformers_defines_it():
+    """transformers 5.x defines PreTrainedTokenizerFast in tokenization_utils_tokenizers (4.x:
+    tokenization_utils_fast); the package's lazy namespace is not asked."""
+    import transformers.tokenization_utils_tokenizers as defining
+
+    from workbench.assets.generate import tokenizer_class
+
+    assert tokenizer_class() is defining.PreTrainedTokenizerFast
+
+
+def test_a_tokenizer_class_that_cannot_import_says_the_real_error(monkeypatch):
+    import sys
+    import types
+
+    from workbench.assets.generate import tokenizer_class
+
+    broken = types.ModuleType("transformers.tokenization_utils_tokenizers")
+
+    def fail(name):
+        raise ImportError("libtokenizers: undefined symbol tk_bpe_train")  # the real cause, as a broken build says it
+
+    broken.__getattr__ = fail
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_tokenizers", broken)
+    with pytest.raises(ImportError, match="undefined symbol tk_bpe_train"):
+        tokenizer_class()
+    # transformers 4.x: no tokenization_utils_tokenizers; the class comes from tokenization_utils_fast
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_tokenizers", None)
+    fast = types.ModuleType("transformers.tokenization_utils_fast")
+    fast.PreTrainedTokenizerFast = object
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_fast", fast)
+    assert tokenizer_class() is object
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_fast", None)
+    with pytest.raises(ImportError, match="defines PreTrainedTokenizerFast in neither"):
+        tokenizer_class()
+
+
+@pytest.mark.slow
+def test_assets_generated_apart_match_and_a_failure_says_why(tiny, tmp_path):
+    """generate_assets in a process of its own (the campaign's way: a GPU generation there keeps no CUDA memory in
+    the caller, and no import of transformers races another thread's): the same set and info, reused when there;
+    a failure raises with the child's own error."""
+    from workbench.assets.generate import generate_assets_apart
+
+    out, info = tiny
+    again = generate_assets_apart(out, shape="tiny")
+    assert again == {**info, "reused": True}
+    fresh = generate_assets_apart(tmp_path / "fresh", shape="tiny")
+    assert fresh["reused"] is False and fresh["params"] == info["params"]
+    for name in ("model/model.safetensors", "model/tokenizer.json", "data/train.parquet"):
+        assert _digest(tmp_path / "fresh" / name) == _digest(out / name), name
+    with pytest.raises(RuntimeError, match=r"generating assets in .*bad failed \(exit 1\): .*unknown shape 'huge'"):
+        generate_assets_apart(tmp_path / "bad", shape="huge")

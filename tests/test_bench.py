@@ -6,6 +6,7 @@ are met in bench/, never in timed tests)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +71,31 @@ def test_gpu_campaign_driver_dry_run_on_a_replay(tmp_path, home):
     sampler = json.loads((out / "results" / "sampler_ab_1.5b.json").read_text())
     assert [r["sampler"] for r in sampler["repetitions"]] == [False, True]  # a replay has few steps left
     assert (out / "recording.tar.gz").exists() and (out / "per_step_1.5b.csv").exists()
+
+
+def test_gpu_campaign_generates_every_asset_set_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """On the H200 the 1.5B set, generated in the campaign's process while a thread of it generated the 0.5B set,
+    failed at `from transformers import PreTrainedTokenizerFast`; on the GPU it would also have kept CUDA memory in
+    the process that then measures. Both go through generate_assets_apart (the 1.5B one on the GPU), never in-process."""
+    from bench.gpu.campaign import WORKLOADS, Campaign
+    from workbench.assets import generate as generate_module
+
+    def in_process(*args, **kwargs):
+        raise AssertionError("generate_assets ran in the campaign's own process")
+
+    apart = []
+
+    def generate_apart(out_dir, **recipe):
+        apart.append((Path(out_dir).name, recipe["shape"], recipe["device"]))
+        return {"shape": recipe["shape"], "reused": True}
+
+    monkeypatch.setattr(generate_module, "generate_assets", in_process)
+    monkeypatch.setattr(generate_module, "generate_assets_apart", generate_apart)
+    campaign = Campaign(tmp_path / "out", replay=False, budget_s=60, steps_before=2, plain_steps=3,
+                        assets=tmp_path / "assets", machine="ci")
+    campaign.prepare_assets(WORKLOADS["0.5b"]).join(timeout=60)
+    assert campaign.workload_assets(WORKLOADS["1.5b"])["shape"] == "qwen2.5-1.5b"
+    assert apart == [("0.5b", "qwen2.5-0.5b", "cpu"), ("1.5b", "qwen2.5-1.5b", "cuda")]
 
 
 def test_plain_overrides_replace_keys_instead_of_repeating_them():

@@ -18,11 +18,11 @@ pytestmark = [
 
 
 def test_live_session_hot_applies_a_token_budget(home):
-    from workbench.assets import generate_assets
+    from workbench.assets import generate_assets_apart
     from workbench.assets.plans import offline_plan
 
     assets = home / "assets"
-    generate_assets(assets, shape="qwen2.5-0.5b", n_train=512, device="cuda")  # the shape proven with vLLM
+    generate_assets_apart(assets, shape="qwen2.5-0.5b", n_train=512, device="cuda")  # the shape proven with vLLM
     session = Session.start(offline_plan(assets))
     try:
         session.wait_for_step(2, timeout=900)

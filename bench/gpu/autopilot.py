@@ -59,8 +59,7 @@ def quickstart_knobs(w: Workload) -> dict[str, Any]:
 
 def start(w: Workload, assets: Path, log: Callable[[str], None] = print):
     """Generate the workload's assets (once) and start a live session on its quickstart plan."""
-    from workbench.assets import generate_assets
-    from workbench.assets.generate import SHAPES
+    from workbench.assets.generate import SHAPES, generate_assets_apart
     from workbench.assets.plans import offline_overrides
     from workbench.plan import Plan
     from workbench.session import Session
@@ -68,7 +67,8 @@ def start(w: Workload, assets: Path, log: Callable[[str], None] = print):
     if w.shape not in SHAPES:
         raise SystemExit(f"the asset generator has no shape {w.shape!r} (it has {', '.join(SHAPES)})")
     folder = assets / w.name
-    info = generate_assets(folder, shape=w.shape, n_train=w.n_train, n_test=64, device="cuda")
+    # in a process of its own: the generation's CUDA memory must not stay in this one while the session runs
+    info = generate_assets_apart(folder, shape=w.shape, n_train=w.n_train, n_test=64, device="cuda")
     log(f"assets {w.name}: {info.get('params')} parameters, reused={info.get('reused')}")
     plan = Plan.from_verl(overrides=offline_overrides(folder)).with_changes(quickstart_knobs(w))
     plan.validate(gpu_count=1)

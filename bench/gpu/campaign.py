@@ -175,13 +175,11 @@ class Campaign:
             # slow enough that the driver's parts fall between the recorded steps (~20-70 s each)
             self.session = Session.replay(wl.replay, speed=10, follow=False, root=self.out / "sessions")
         else:
-            from workbench.assets import generate_assets
             from workbench.assets.plans import offline_overrides
             from workbench.plan import Plan
 
             assets = self.assets / wl.name
-            info = generate_assets(assets, shape=wl.shape, n_train=wl.n_train, n_test=64,
-                                   device="cuda" if wl is WORKLOADS["1.5b"] else "cpu")
+            info = self.workload_assets(wl)
             self.log(f"assets {wl.name}: " + json.dumps({k: v for k, v in info.items()
                                                           if not str(k).endswith(("_dir", "_path", "files"))}))
             plan = Plan.from_verl(overrides=offline_overrides(assets)).with_changes(wl.knobs)
@@ -196,15 +194,23 @@ class Campaign:
         self.log(f"session {self.session.dir}")
         self.wait_steps(self.steps_before, f"{wl.name} quickstart")
 
+    def workload_assets(self, wl: Workload, device: str | None = None) -> dict[str, Any]:
+        """A workload's offline assets (reused when there), made in a process of their own: the 1.5B set on the GPU
+        (faster), whose CUDA memory then leaves with that process instead of staying in this one while it measures;
+        and no import of transformers here races another generation's (workbench.assets.generate_assets_apart)."""
+        from workbench.assets.generate import generate_assets_apart
+
+        device = device or ("cuda" if wl is WORKLOADS["1.5b"] else "cpu")
+        return generate_assets_apart(self.assets / wl.name, shape=wl.shape, n_train=wl.n_train, n_test=64,
+                                     device=device)
+
     def prepare_assets(self, wl: Workload) -> threading.Thread | None:
-        """Generate a later workload's assets on the CPU while the GPU runs the first one."""
+        """Generate a later workload's assets on the CPU while the GPU runs the first one (the thread only waits for
+        the generating process; start() says any failure when it needs the set)."""
         if self.replay:
             return None
-        from workbench.assets import generate_assets
-
-        thread = threading.Thread(target=generate_assets, args=(self.assets / wl.name,),
-                                  kwargs=dict(shape=wl.shape, n_train=wl.n_train, n_test=64, device="cpu"),
-                                  name=f"assets-{wl.name}", daemon=True)
+        thread = threading.Thread(target=self.workload_assets, args=(wl, "cpu"), name=f"assets-{wl.name}",
+                                  daemon=True)
         thread.start()
         return thread
 

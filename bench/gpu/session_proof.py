@@ -58,9 +58,10 @@ def phase(name):
 
 @phase("assets")
 def make_assets():
-    from workbench.assets import generate_assets
+    from workbench.assets import generate_assets_apart
 
-    info = generate_assets(ASSETS, shape="qwen2.5-0.5b", n_train=2048, n_test=64, device="cuda")
+    # in a process of its own: its CUDA memory must not stay in this one while the session runs
+    info = generate_assets_apart(ASSETS, shape="qwen2.5-0.5b", n_train=2048, n_test=64, device="cuda")
     log(json.dumps({k: v for k, v in info.items() if not k.endswith(("_dir", "_path"))}))
     return info
 

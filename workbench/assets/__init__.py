@@ -4,6 +4,6 @@ Also holds packaged recordings (assets/recordings/) that replay needs without a 
 """
 
 from workbench.assets.convert import ConvertError, convert_jsonl
-from workbench.assets.generate import SHAPES, generate_assets
+from workbench.assets.generate import SHAPES, generate_assets, generate_assets_apart
 
-__all__ = ["SHAPES", "ConvertError", "convert_jsonl", "generate_assets"]
+__all__ = ["SHAPES", "ConvertError", "convert_jsonl", "generate_assets", "generate_assets_apart"]

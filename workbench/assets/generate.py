@@ -14,10 +14,13 @@ Layout: OUT/model/, OUT/data/, and OUT/assets.json, written last, which marks th
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -87,11 +90,31 @@ def make_problem(rng: random.Random) -> tuple[str, str, str]:
     return question, str(answer), solution
 
 
+# Where transformers defines PreTrainedTokenizerFast: 5.x, then 4.x.
+TOKENIZER_MODULES = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
+
+
+def tokenizer_class() -> type:
+    """PreTrainedTokenizerFast from the module that defines it. Through the package's lazy namespace
+    (`from transformers import PreTrainedTokenizerFast`) a failure reads only "cannot import name" (as on the H200,
+    2026-12-01); from the defining module the real error comes out. A version that lacks one module tries the next."""
+    for name in TOKENIZER_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise  # a module it needs is missing: that is the error to see
+            continue
+        return module.PreTrainedTokenizerFast
+    raise ImportError(f"this transformers defines PreTrainedTokenizerFast in neither {' nor '.join(TOKENIZER_MODULES)}")
+
+
 def build_tokenizer(model_dir: Path, rng: random.Random, vocab: int):
     # Imported here: transformers takes seconds to import and the rest of the CLI doesn't need it.
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    PreTrainedTokenizerFast = tokenizer_class()
 
     corpus = []
     for _ in range(PROBLEMS_IN_TOKENIZER_CORPUS):
@@ -264,3 +287,22 @@ def generate_assets(
     manifest_tmp.write_text(json.dumps({"recipe": recipe, "files": files, "info": info}, indent=2))
     os.replace(manifest_tmp, out / MANIFEST)
     return {**info, **_paths(out), "reused": False}
+
+
+def generate_assets_apart(out_dir: str | os.PathLike, **recipe: Any) -> dict[str, Any]:
+    """generate_assets in a process of its own; the same info back. A caller that goes on measuring keeps no CUDA
+    memory from a GPU generation, and no import of transformers or torch in it races another thread's (two
+    generations in one process, one per thread, failed on the H200 with "cannot import name
+    'PreTrainedTokenizerFast' from 'transformers'"). Raises RuntimeError with the child's own last error lines."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    code = ("import json, sys\n"
+            "from workbench.assets.generate import generate_assets\n"
+            "print(json.dumps(generate_assets(sys.argv[1], **json.loads(sys.argv[2]))))\n")
+    child = subprocess.run([sys.executable, "-c", code, str(out_dir), json.dumps(recipe)], env=env,
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if child.returncode != 0:
+        said = child.stderr.strip().splitlines()[-12:] or ["(it said nothing)"]
+        raise RuntimeError(f"generating assets in {out_dir} failed (exit {child.returncode}): {said[-1]}\n"
+                           + "\n".join(said[:-1]))
+    return json.loads(child.stdout.strip().splitlines()[-1])

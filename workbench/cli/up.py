@@ -85,12 +85,13 @@ def start_session(args):
         return Session.attach(args.attach)
     live, why = (False, "asked for a replay") if args.replay else live_possible()
     if live:
-        from ..assets import generate_assets
+        from ..assets import generate_assets_apart
         from ..assets.plans import offline_plan
 
         assets = home() / "assets" / "qwen2.5-0.5b"
         print(f"generating offline assets in {assets} (once) ...", flush=True)
-        generate_assets(assets, shape="qwen2.5-0.5b", n_train=2048, device="cuda")
+        # in a process of its own: its CUDA memory must not stay in this one, which serves the session
+        generate_assets_apart(assets, shape="qwen2.5-0.5b", n_train=2048, device="cuda")
         session = Session.start(offline_plan(assets), name="up")
         print(f"live verl session {session.id}: verl needs ~3 min to start", flush=True)
         return session
