@@ -455,9 +455,10 @@ def test_the_session_kind_is_typed(quiet):
     session, store = quiet
     assert session.kind == SessionKind("live") and not session.kind.is_replay
     store.set_meta(kind="replay", recording="/recordings/h200-proof", speed=20, follow=False, recorded_at=1.5e9,
-                   gpu_name="NVIDIA H200")
+                   gpu_name="NVIDIA H200", startup_speed=400)
     kind = session.kind
     assert kind.is_replay and (kind.recording, kind.speed, kind.follow) == ("/recordings/h200-proof", 20.0, False)
+    assert kind.startup_speed == 400 and kind.time_scale == 20.0
     assert (kind.recorded_at, kind.gpu_name) == (1.5e9, "NVIDIA H200")
 
 

@@ -33,6 +33,7 @@ import psutil
 import pytest
 
 from workbench import control as c
+from workbench import verl_config
 from workbench.paths import new_session_dir
 from workbench.plan import Plan
 from workbench.procs import process_alive
@@ -45,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 SEED = 20261201
 RECORDING = "h200-lora-critic-sync"  # 8 steps; start-up 175 s and a step every ~12 s, recorded
 REPLAY_SPEED = 300  # start-up ~0.6 s, a step every ~40 ms
+STARTUP_SPEED = 300  # for the slower replays: verl's recorded start-up in about a second, their steps at their pace
 LAST_STEP = 8
 KILLS = {"supervisor": 8, "kernel": 7, "runner": 7}
 RUNS_AT_ONCE = 3
@@ -451,7 +453,7 @@ def _change_then(then: str, change: dict) -> tuple[str, str, str]:
     """Apply a change to a replay of h200-proof, then do `then` to the session; the change's final state and words."""
     crash = {"crash": 3}.get(then)
     # 10×: a step every ~1.2 s, 9 steps in the first recorded segment: time to act before the run ends.
-    session = Session.replay("h200-proof", speed=10, follow=False, crash_at_step=crash)
+    session = Session.replay("h200-proof", speed=10, follow=False, crash_at_step=crash, startup_speed=STARTUP_SPEED)
     try:
         session.wait_for_step(2, timeout=TIMEOUT)
         # A crash may come before the supervisor answers: then it refuses (no run), which is an answer too.
@@ -475,6 +477,7 @@ def _change_then(then: str, change: dict) -> tuple[str, str, str]:
 def test_an_accepted_change_ends_applied_or_not_applied_with_the_reason(home):
     """Whatever happens after a change was accepted, its handle ends applied (with the step) or not_applied (with
     why): never accepted for ever."""
+    verl_config.warm()  # this process's change checks import verl now, not while the replays' steps run
     jobs = [(then, HOT_CHANGE) for then in ("nothing", "stop now", "stop", "crash", "kill -9 supervisor")]
     jobs += [(then, RESTART_CHANGE) for then in ("nothing", "kill -9 supervisor")]
     with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
@@ -495,7 +498,7 @@ def test_an_accepted_change_ends_applied_or_not_applied_with_the_reason(home):
 def test_a_stop_that_meets_a_crash_ends_stopped(home):
     """stop() sent just before a step that crashes: the session ends stopped (the crash in its events) and its
     supervisor exits, instead of waiting for a rollback for ever."""
-    session = Session.replay("h200-proof", speed=10, follow=False, crash_at_step=3)
+    session = Session.replay("h200-proof", speed=10, follow=False, crash_at_step=3, startup_speed=STARTUP_SPEED)
     try:
         session.wait_for_step(2, timeout=TIMEOUT)
         said = session.stop(timeout=TIMEOUT)

@@ -318,6 +318,32 @@ def test_a_replay_run_copies_its_window_and_leaves_out_recorded_control(recordin
     assert run.log_path.read_text().count("step ") >= 4
 
 
+def test_a_replay_can_play_the_recorded_start_up_faster_than_its_steps(recording, recorded_plans, tmp_path):
+    """startup_speed: verl's recorded start-up (minutes) goes by at its own pace; the steps keep `speed`'s."""
+    session = Store(tmp_path / "session")
+    (tmp_path / "session" / "operator.token").write_text("token")
+    segment = session.begin_segment(recorded_plans["A"].to_json())
+    steps = recorded_steps(recording, 1)
+    startup_s = steps[0]["t"] - Store(recording, readonly=True).rows("segments")[0]["started_at"]
+    gap_s = steps[1]["t"] - steps[0]["t"]
+    speed = gap_s / 2  # a step every ~2 s; at this pace the start-up alone would take startup_s / speed
+    assert startup_s / speed > 8
+    factory = replay_factory(tmp_path / "session", recording, speed=speed, follow=False, startup_speed=100 * speed)
+    run = factory(segment, recorded_plans["A"], {})
+    deadline = time.time() + TIMEOUT
+    while (session.last_step() or 0) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    run.kill()
+    times = session.frame("steps")["t"]
+    # From the first re-timed row (the start-up's first sample) to the first step: the start-up took next to
+    # nothing, the first step's work its paced time.
+    first = times.iloc[0] - session.frame("samples")["t"].min()
+    assert first < startup_s / speed / 2, first
+    assert times.diff().dropna().between(0.5 * gap_s / speed, 2 * gap_s / speed).all(), times.diff().tolist()
+    with pytest.raises(ValueError, match="positive"):
+        replay_factory(tmp_path / "session", recording, speed=1, startup_speed=0)
+
+
 # ------------------------------------------------------------------------------------------------ the real recording
 def proof_store() -> Store:
     return recorded(resolve_recording(PROOF))

@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET
+from workbench import verl_config
 from workbench.session import ReadOnlySession, Session
 from workbench.tune import STUDY_FILE, grid, tune
 
@@ -19,6 +20,8 @@ TIMEOUT = 120.0
 # Recorded seconds per second: A's ~50–60 s steps take ~5 s, room for the supervisor to validate and relay a change
 # (~2.5 s on a loaded 2-core machine) before the step it should follow has ended.
 SPEED = 10
+# verl's recorded start-up (3–5 minutes before a segment's first step) in a second: only the steps' pace matters here.
+STARTUP_SPEED = 400
 
 
 def wait(session: Session, predicate, timeout: float = TIMEOUT) -> None:
@@ -45,7 +48,8 @@ def test_grid_takes_values_or_derives_them():
 
 @pytest.mark.slow
 def test_hot_trial_runs_live_and_the_best_plan_stays_in_force(recording, recorded_plans, home):
-    session = Session.replay(recording, speed=SPEED, follow=False)
+    verl_config.warm()  # this process's plan checks import verl now, not while the replay's steps run
+    session = Session.replay(recording, speed=SPEED, follow=False, startup_speed=STARTUP_SPEED)
     try:
         # Two steps a trial: the recorded segments hold four steps each, and each change lands one step boundary
         # after the tuner asks for it (as in a live run), so the put-back of the best plan still finds steps to run.
@@ -81,9 +85,9 @@ PROOF_SPEED = 4  # h200-proof's ~12 s steps take ~3 s; its first segment has 9 s
 def test_hot_first_then_restarts_and_a_predicted_oom_is_never_run(home):
     """On the bundled h200-proof recording (the workbench's own sampler: GPU memory totals are known). Its first
     segment ran token budgets of 4 096 and its second, a hot change away, 32 768; no segment ran fused kernels."""
-    session = Session.replay("h200-proof", speed=PROOF_SPEED, follow=False)
+    verl_config.warm()  # this process's plan checks import verl now, not while the replay's steps run out
+    session = Session.replay("h200-proof", speed=PROOF_SPEED, follow=False, startup_speed=STARTUP_SPEED)
     try:
-        session.plan.knob_values()  # imports verl while the replay starts up, not while its steps run out
         session.wait_for_step(1, timeout=TIMEOUT)
         recorded_hot = dict.fromkeys(PROOF_BUDGETS, 32768)
         # The rollout engine's share past what the GPU holds beside the trainer (budgets past a whole mini batch,

@@ -37,6 +37,7 @@ class SessionKind:
     recording: str | None = None  # replay: the recorded session's directory
     speed: float | None = None  # replay: recorded seconds per second
     follow: bool = True  # replay: the recorded operator's commands are re-issued
+    startup_speed: float | None = None  # replay: the speed of verl's recorded start-up, where not `speed`
     recorded_at: float | None = None  # replay: when the recording was made (Unix time), where it says
     recorded_date: str = ""  # replay: the recording's own date note, for recordings that carry no time
     gpu_name: str = ""  # the GPU the recorded run used, where the recording says
@@ -56,8 +57,9 @@ class SessionKind:
         if meta.get("kind", LIVE) != REPLAY:
             return cls(LIVE, gpu_name=str(meta.get("gpu_name") or ""))
         recorded_at = meta.get("recorded_at")
+        startup = meta.get("startup_speed")
         return cls(REPLAY, recording=meta.get("recording"), speed=float(meta.get("speed", 1.0)),
-                   follow=bool(meta.get("follow", True)),
+                   follow=bool(meta.get("follow", True)), startup_speed=float(startup) if startup else None,
                    recorded_at=float(recorded_at) if isinstance(recorded_at, (int, float)) else None,
                    recorded_date=str(meta.get("date") or ""), gpu_name=str(meta.get("gpu_name") or ""))
 
@@ -87,8 +89,18 @@ def resolve_recording(recording: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"{recording}: no recorded session there (expected {STORE_FILE})")
 
 
-def replay_launch(recording: Path, *, speed: float, follow: bool,
-                  crash_at_step: int | None) -> tuple[str, dict[str, Any], list[str]]:
+def check_replay_speeds(speed: Any, startup_speed: Any = None) -> None:
+    """ValueError unless a replay's speed (and its start-up's, where given) are positive numbers."""
+    for name, value in (("speed", speed), ("startup_speed", startup_speed)):
+        if value is None and name == "startup_speed":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name}={value!r}: a replay's {name} is a positive number (recorded seconds per "
+                             "second)")
+
+
+def replay_launch(recording: Path, *, speed: float, follow: bool, crash_at_step: int | None,
+                  startup_speed: float | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """What a replay of `recording` starts with: its first segment's plan, the meta it carries over (what the
     recording says about its machine, gpu_count …, not its life cycle) and the supervisor's arguments."""
     recorded = Store(recording, readonly=True)
@@ -99,8 +111,10 @@ def replay_launch(recording: Path, *, speed: float, follow: bool,
         recorded.close()
     meta = {k: v for k, v in recorded_meta.items() if k not in ("state", "supervisor_pid", "initial_plan", "created")}
     meta.update(kind=REPLAY, recording=str(recording), recorded_at=recorded_meta.get("created"), speed=speed,
-                follow=follow)
+                follow=follow, startup_speed=startup_speed)
     args = ["--replay", str(recording), "--speed", str(speed)]
+    if startup_speed is not None:
+        args += ["--startup-speed", str(startup_speed)]
     if not follow:
         args.append("--no-follow")
     if crash_at_step is not None:

@@ -166,7 +166,7 @@ class ReplayRun:
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
         resume_step: int | None, speed: float, crash_due: Callable[[int], bool], operator: RecordedOperator | None,
-        ready: threading.Event,
+        ready: threading.Event, startup_speed: float | None = None,
     ):
         self._store = store
         self._recording = recording
@@ -174,6 +174,7 @@ class ReplayRun:
         self._plan = plan
         self._resume_step = resume_step
         self._speed = speed
+        self._startup_speed = startup_speed or speed  # verl's recorded start-up, before the first step
         self._crash_due = crash_due
         self._operator = operator
         self._ready = ready
@@ -187,7 +188,7 @@ class ReplayRun:
         # Recorded time `_position` has been played up to; `_clock` pairs a wall time with the recorded time it
         # stands for, so the replay keeps the recorded pace across windows (None: start afresh, e.g. after a pause).
         self._position: float | None = None
-        self._clock: tuple[float, float] | None = None
+        self._clock: tuple[float, float, float] | None = None  # (wall time, recorded time, speed)
         self.log_path = session_dir / c.LOG_DIR / f"segment-{segment_id}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._thread = threading.Thread(target=self._main, name=f"replay-segment-{segment_id}", daemon=True)
@@ -238,7 +239,7 @@ class ReplayRun:
             + (f"from its step {segment.steps[index]['step']} as step {step}" if segment.steps else "(it ran no step)")
         )
         # A new process goes through verl's startup first (the recorded one, however far in it resumes).
-        self._play_window(segment.started_at, segment.ready_at)
+        self._play_window(segment.started_at, segment.ready_at, self._startup_speed)
         if segment.steps:
             self._store.add_event(
                 "started",
@@ -296,17 +297,19 @@ class ReplayRun:
             if self._killed.wait(TICK_S):
                 raise _Killed()
 
-    def _play_window(self, start: float, end: float) -> None:
-        """Write the recording's rows with start < t <= end, at `speed` recorded seconds per second, re-timed."""
-        if self._clock is None or start != self._position:  # a jump in the recording: its clock starts here, now
-            self._clock = (time.time(), start)
+    def _play_window(self, start: float, end: float, speed: float | None = None) -> None:
+        """Write the recording's rows with start < t <= end, at `speed` recorded seconds per second (default: the
+        replay's), re-timed."""
+        speed = speed or self._speed
+        if self._clock is None or start != self._position or self._clock[2] != speed:
+            self._clock = (time.time(), start, speed)  # a jump in the recording or its pace: its clock starts here
         self._position = start
-        wall_0, recorded_0 = self._clock
+        wall_0, recorded_0, _ = self._clock
         while self._position < end:
             if self._killed.wait(TICK_S):
                 raise _Killed()
-            reached = min(end, recorded_0 + (time.time() - wall_0) * self._speed)
-            self._copy_rows(self._position, reached, lambda t: wall_0 + (t - recorded_0) / self._speed)
+            reached = min(end, recorded_0 + (time.time() - wall_0) * speed)
+            self._copy_rows(self._position, reached, lambda t: wall_0 + (t - recorded_0) / speed)
             self._position = reached
 
     def _copy_rows(self, start: float, end: float, wall: Callable[[Any], Any]) -> None:
@@ -356,14 +359,14 @@ class ReplayFactory:
 
     def __init__(
         self, session_dir: Path, recording_dir: Path, speed: float = 1.0, crash_at_step: int | None = None,
-        follow: bool = True,
+        follow: bool = True, startup_speed: float | None = None,
     ):
-        if not speed > 0:
-            raise ValueError(f"replay speed must be positive, got {speed}")
+        if not speed > 0 or not (startup_speed is None or startup_speed > 0):
+            raise ValueError(f"replay speed must be positive, got {speed} (start-up: {startup_speed})")
         self.session_dir = Path(session_dir)
         self.recording = Recording(recording_dir)
         self.store = Store(self.session_dir)
-        self.speed = speed
+        self.speed, self.startup_speed = speed, startup_speed
         self._crash_at_step = crash_at_step
         # Set when runs may play: the supervisor holds them until its process has imported verl.
         self.ready = threading.Event()
@@ -385,16 +388,17 @@ class ReplayFactory:
         resume_step = self.store.segment(segment_id)["resumed_from_step"]
         return ReplayRun(
             self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
-            self.operator, self.ready,
+            self.operator, self.ready, self.startup_speed,
         )
 
 
 def replay_factory(
     session_dir: str | Path, recording_dir: str | Path, speed: float = 1.0, crash_at_step: int | None = None,
-    follow: bool = True,
+    follow: bool = True, startup_speed: float | None = None,
 ) -> ReplayFactory:
     """A run factory for `Supervisor(run_factory=...)` that plays `recording_dir` into `session_dir`; with
     follow=True the recorded operator re-issues the recording's commands (it signs them with the session's token)."""
     return ReplayFactory(
         Path(session_dir), Path(recording_dir), speed=speed, crash_at_step=crash_at_step, follow=follow,
+        startup_speed=startup_speed,
     )

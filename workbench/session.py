@@ -30,8 +30,8 @@ from .advisor import Finding, findings_frame
 from .handles import (HANDLE_FINAL, ApplyRefused, ApplyResult, Poll, PollCursor, Preview, ReadOnlySession,
                       poll_since, preview_change, unplayable, wait_for_answer, with_prediction)
 from .knobs import KNOB_TABLE_COLUMNS, irrelevant_knobs, knob_defaults, knob_rows
-from .lifecycle import (SessionKind, effective_state, failure_words, gpu_count, list_sessions, mark_lost,
-                        no_supervisor_words, read_token, replay_launch, resolve_recording, spawn_supervisor,
+from .lifecycle import (SessionKind, check_replay_speeds, effective_state, failure_words, gpu_count, list_sessions,
+                        mark_lost, no_supervisor_words, read_token, replay_launch, resolve_recording, spawn_supervisor,
                         status_words, step_reached, token_matches, warm_plan_checks)
 from .paths import resolve_session_dir
 from .plan import Plan, PlanError
@@ -79,18 +79,19 @@ class Session:
     @classmethod
     def replay(
         cls, recording: str | os.PathLike, *, speed: float = 1.0, follow: bool = True, crash_at_step: int | None = None,
-        root: Path | None = None, prometheus_port: int | None = None,
+        root: Path | None = None, prometheus_port: int | None = None, startup_speed: float | None = None,
     ) -> "Session":
         """Play a recorded session (a session directory, or the name of a bundled one) as a run: the no-GPU demo
         and the CPU test double.
 
         follow=True re-issues the recorded operator's commands (changes, telemetry, rollback, stop) where the
         recording gave them, so the replay tells the whole recorded story; any command of yours takes control from
-        it for good. follow=False leaves every command to you."""
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
-            raise ValueError(f"speed={speed!r}: a replay's speed is a positive number (recorded seconds per second)")
+        it for good. follow=False leaves every command to you. startup_speed: plays verl's recorded start-up (before
+        each segment's first step) at this speed instead (None: at `speed`)."""
+        check_replay_speeds(speed, startup_speed)
         recording = resolve_recording(recording)
-        plan_json, meta, args = replay_launch(recording, speed=speed, follow=follow, crash_at_step=crash_at_step)
+        plan_json, meta, args = replay_launch(recording, speed=speed, follow=follow, crash_at_step=crash_at_step,
+                                              startup_speed=startup_speed)
         meta.update(prometheus_port=prometheus_port)
         return cls(*spawn_supervisor(Plan.from_json(plan_json), name=f"replay-{recording.name}", root=root,
                                      meta=meta, args=args))
@@ -147,7 +148,8 @@ class Session:
                                "start another once it has ended")
         kind = self.kind
         if kind.is_replay:
-            return Session.replay(kind.recording, speed=kind.speed, follow=kind.follow)
+            return Session.replay(kind.recording, speed=kind.speed, follow=kind.follow,
+                                  startup_speed=kind.startup_speed)
         return Session.start(self.plan)
 
     @property
@@ -216,8 +218,7 @@ class Session:
         return self._store.command(command_id)
 
     def wait_supervisor_exit(self, timeout_s: float = 30.0) -> bool:
-        """After a stop: wait until the supervisor process has ended (its state says stopped a moment before) and,
-        where this process started it, reap it; whether it has ended."""
+        """After a stop: wait until the supervisor process has ended (and reap it, where this process started it)."""
         pid = self.meta.get("supervisor_pid")
         return pid is None or wait_gone(int(pid), timeout_s)
 

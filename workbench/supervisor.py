@@ -457,6 +457,7 @@ def _start(argv: list[str] | None) -> Supervisor:
     parser.add_argument("--session", type=Path, required=True)
     parser.add_argument("--replay", type=Path, help="play this recorded session instead of running verl")
     parser.add_argument("--speed", type=float, default=1.0, help="replay speed (2 = twice real time)")
+    parser.add_argument("--startup-speed", type=float, help="speed of the recorded start-up")
     parser.add_argument("--crash-at-step", type=int, help="replay fault injection: crash at this step")
     parser.add_argument(
         "--no-follow", action="store_true",
@@ -469,6 +470,7 @@ def _start(argv: list[str] | None) -> Supervisor:
 
         run_factory = replay_factory(
             args.session, args.replay, speed=args.speed, crash_at_step=args.crash_at_step, follow=not args.no_follow,
+            startup_speed=args.startup_speed,
         )
     supervisor = Supervisor(args.session, run_factory=run_factory)
     supervisor.store.set_meta(supervisor_pid=os.getpid())
