@@ -160,3 +160,19 @@ def test_the_backend_means_nothing_without_fused_kernels():
     roles = verl_config.roles_in_use(verl_config.default_config())
     assert "fused_kernel_backend" in irrelevant_knobs(knob_defaults(), roles)
     assert "fused_kernel_backend" not in irrelevant_knobs({**knob_defaults(), "fused_kernels": True}, roles)
+
+
+def test_the_critic_packs_by_tokens_whatever_use_dynamic_bsz_says():
+    """verl 0.9.1's V1 critic engine keeps EngineConfig's use_dynamic_bsz (True) whatever critic.use_dynamic_bsz
+    says, so it always reads its token budget and never its micro-batch size; the actor's and ref's calls follow the
+    flag. Read from the table: the calls that take use_dynamic_bsz (its runner path) are the actor's and ref's."""
+    from workbench.knobs import irrelevant_knobs, knob_defaults
+
+    roles = verl_config.roles_in_use(verl_config.default_config())
+    assert roles.critic
+    for dynamic in (False, True):
+        why = irrelevant_knobs({**knob_defaults(), "use_dynamic_bsz": dynamic}, roles)
+        assert "critic_token_budget" not in why
+        assert "token budget" in why["critic_micro_batch"] and "critic" in why["critic_micro_batch"]
+        assert ("actor_token_budget" in why) is (not dynamic) and ("actor_micro_batch" in why) is dynamic
+        assert ("logprob_token_budget" in why) is (not dynamic) and ("logprob_micro_batch" in why) is dynamic

@@ -192,6 +192,9 @@ BAD_PLANS = [
      "actor_token_budget", "cannot hold one sequence of max_prompt_length + max_response_length = 1024"),
     ("critic budget below one sequence", [], {"use_dynamic_bsz": True, "critic_token_budget": 1000}, None,
      "critic_token_budget", "cannot hold one sequence"),
+    # verl's V1 critic packs by its token budget with use_dynamic_bsz off too (knobs.batching_knobs_read)
+    ("critic budget below one sequence, fixed micro batches", [], {"critic_token_budget": 1000}, None,
+     "critic_token_budget", "cannot hold one sequence"),
     ("micro batch unset", [], {"actor_micro_batch": None}, None, "actor_micro_batch",
      "needs a value while use_dynamic_bsz is off"),
     ("tensor parallel over one GPU", [], {"rollout_tp": 2}, None, "rollout_tp", "do not divide"),

@@ -76,7 +76,9 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     # verl 0.9.1's V1 trainer feeds the critic engine's train AND infer budgets from ppo_infer_max_token_len_per_gpu
     # (trainer_base.py), a key only CriticConfig declares; ppo_max_token_len_per_gpu is set too so both agree.
     Knob("critic_token_budget", ("critic.ppo_infer_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
-         "int", "hot", "token budgets", "Tokens per GPU per critic micro batch (with use_dynamic_bsz).",
+         "int", "hot", "token budgets",
+         "Tokens per GPU per critic micro batch (always read: verl's V1 critic packs by tokens whatever "
+         "use_dynamic_bsz says).",
          bounds=(1, MAX_TOKENS),
          roles=("critic",), phases=("values", "update_critic"),
          runner=call_budget("_compute_values", "_update_critic"), model_group="batching", micro_batch_unit="tokens"),
@@ -190,7 +192,8 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          roles=("ref",), phases=("ref",), runner=call_micro_batch("_compute_ref_log_prob"), model_group="batching",
          micro_batch_unit="sequences"),
     Knob("critic_micro_batch", ("critic.ppo_micro_batch_size_per_gpu",), "int", "hot", "batch",
-         "Sequences per GPU per critic micro batch (without use_dynamic_bsz).", bounds=(1, MAX_SEQUENCES),
+         "Sequences per GPU per critic micro batch: never read by verl's V1 critic, which packs by "
+         "critic_token_budget.", bounds=(1, MAX_SEQUENCES),
          nullable=True,
          roles=("critic",), phases=("values", "update_critic"),
          runner=call_micro_batch("_compute_values", "_update_critic"), model_group="batching",
@@ -214,6 +217,23 @@ HOT_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.
 # Per-GPU token budgets (with use_dynamic_bsz) and micro-batch sizes (without it), in table order: actor first.
 TOKEN_BUDGET_KNOBS: tuple[str, ...] = tuple(n for n, k in KNOBS.items() if k.micro_batch_unit == "tokens")
 MICRO_BATCH_KNOBS: tuple[str, ...] = tuple(n for n, k in KNOBS.items() if k.micro_batch_unit == "sequences")
+# The trainer calls whose engines follow the plan's use_dynamic_bsz (its runner path). Every other call packs its
+# micro batches by tokens whatever the flag says: verl 0.9.1's V1 critic engine keeps EngineConfig's default (True),
+# and the runner tells it so (runner/trainer.py _wb_call_settings).
+DYNAMIC_BSZ_CALLS: tuple[str, ...] = KNOBS["use_dynamic_bsz"].runner.calls
+
+
+def follows_dynamic_bsz(name: str) -> bool:
+    """Whether the calls a token budget or micro-batch size configures pack by tokens only with use_dynamic_bsz."""
+    return set(KNOBS[name].runner.calls) <= set(DYNAMIC_BSZ_CALLS)
+
+
+def batching_knobs_read(use_dynamic_bsz: bool) -> tuple[str, ...]:
+    """The token budgets and micro-batch sizes verl reads with this use_dynamic_bsz: a call that packs by tokens
+    reads its budget, any other its micro-batch size."""
+    return tuple(name for name in TOKEN_BUDGET_KNOBS + MICRO_BATCH_KNOBS
+                 if (KNOBS[name].micro_batch_unit == "tokens")
+                 == (bool(use_dynamic_bsz) or not follows_dynamic_bsz(name)))
 
 
 def knobs_in_group(model_group: str) -> tuple[str, ...]:
@@ -272,12 +292,17 @@ def irrelevant_knobs(values: dict[str, Any], roles: Any) -> dict[str, str]:
     """Knobs that change nothing in a plan with these values, each with the reason; `roles` says which optional
     roles run (critic, reference_policy, reward_model: see verl_config.roles_in_use)."""
     why: dict[str, str] = {}
-    if values["use_dynamic_bsz"]:
-        why.update(dict.fromkeys(MICRO_BATCH_KNOBS,
-                                 "used only without use_dynamic_bsz (token budgets size micro batches)"))
-    else:
-        why.update(dict.fromkeys(TOKEN_BUDGET_KNOBS,
-                                 "used only with use_dynamic_bsz (micro batch sizes apply without it)"))
+    read = batching_knobs_read(values["use_dynamic_bsz"])
+    for name in TOKEN_BUDGET_KNOBS + MICRO_BATCH_KNOBS:
+        if name in read:
+            continue
+        if not follows_dynamic_bsz(name):
+            why[name] = ("never read: verl's V1 critic packs its micro batches by its token budget whatever "
+                         "use_dynamic_bsz says (verl's config check still wants a value without use_dynamic_bsz)")
+        elif KNOBS[name].micro_batch_unit == "sequences":
+            why[name] = "used only without use_dynamic_bsz (token budgets size micro batches)"
+        else:
+            why[name] = "used only with use_dynamic_bsz (micro batch sizes apply without it)"
     if values["critic_lora_rank"] == 0:
         why.update(dict.fromkeys(("critic_lora_alpha", "critic_lora_targets"), "used only with critic_lora_rank > 0"))
     if values["trainer_mode"] != "separate_async":

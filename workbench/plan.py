@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from workbench import redact
 from workbench.bounds import InputTooLarge, check_yaml_file, quoted
 from workbench.knob import Knob
-from workbench.knobs import KNOBS, MICRO_BATCH_KNOBS, TOKEN_BUDGET_KNOBS, WORKBENCH_KNOBS, knob_defaults, knobs_in_use
+from workbench.knobs import (KNOBS, MICRO_BATCH_KNOBS, TOKEN_BUDGET_KNOBS, WORKBENCH_KNOBS, batching_knobs_read,
+                             knob_defaults, knobs_in_use)
 from workbench import verl_config
 
 PLAN_FORMAT = "verl-workbench-plan/1"
@@ -449,12 +450,12 @@ class Plan:
 
     def _batch_problems(self, values: dict, roles: verl_config.RolesInUse) -> list[str]:
         problems = []
-        if values["use_dynamic_bsz"]:
-            longest = values["max_prompt_length"] + values["max_response_length"]
-            problems += [f"{name}: {values[name]} tokens per GPU cannot hold one sequence of max_prompt_length + "
-                         f"max_response_length = {longest} tokens"
-                         for name in knobs_in_use(TOKEN_BUDGET_KNOBS, roles) if values[name] < longest]
-        else:
+        read = batching_knobs_read(values["use_dynamic_bsz"])  # the critic's budget with the flag off too
+        longest = values["max_prompt_length"] + values["max_response_length"]
+        problems += [f"{name}: {values[name]} tokens per GPU cannot hold one sequence of max_prompt_length + "
+                     f"max_response_length = {longest} tokens"
+                     for name in knobs_in_use(TOKEN_BUDGET_KNOBS, roles) if name in read and values[name] < longest]
+        if not values["use_dynamic_bsz"]:  # verl's config checks want every micro-batch size, read or not
             problems += [f"{name}: needs a value while use_dynamic_bsz is off (sequences per GPU per micro batch)"
                          for name in knobs_in_use(MICRO_BATCH_KNOBS, roles) if values[name] is None]
         train, mini = values["train_batch_size"], values["ppo_mini_batch_size"]
