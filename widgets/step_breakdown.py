@@ -61,7 +61,8 @@ def breakdown_figure(labels: list[str], seconds: dict[str, np.ndarray], busy: np
                    font=dict(size=14)),
         barmode="stack", height=340, margin=dict(l=50, r=55, t=40, b=45), xaxis=dict(type="category"),
         yaxis=dict(title=dict(text="s")), legend=dict(orientation="h", y=-0.25), uirevision="keep",
-        yaxis2=dict(title=dict(text="GPU busy %"), overlaying="y", side="right", range=[0, 105]),
+        yaxis2=dict(title=dict(text="GPU busy %"), overlaying="y", side="right", range=[0, 105], tickmode="auto",
+                    showgrid=False),
     )
     if not labels:
         layout["annotations"] = [dict(text="waiting for the first step", xref="paper", yref="paper", x=0.5, y=0.5,

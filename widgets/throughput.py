@@ -29,7 +29,8 @@ WAITING = "waiting for the first step (verl's start-up comes first)"
 def throughput_figure(steps: pd.DataFrame, events, segments, axis: TimeAxis) -> tuple[list[dict], dict]:
     """Traces and layout: tokens/s/GPU and MFU per step, segment starts and marked events, on the session's axis."""
     layout = time_layout("Throughput per step", "tokens/s/GPU", axis, height=300,
-                         yaxis3=dict(title=dict(text="MFU %"), overlaying="y", side="right", rangemode="tozero"))
+                         yaxis3=dict(title=dict(text="MFU %"), overlaying="y", side="right", rangemode="tozero",
+                                     tickmode="auto", showgrid=False))  # its own round ticks, not the left's
     if not len(steps):
         layout["annotations"] = [dict(text=WAITING, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
                                       font=dict(color="#777"))]
