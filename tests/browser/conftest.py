@@ -170,6 +170,11 @@ class PageGuard:
         assert not self.outside, f"requests leaving 127.0.0.1: {self.outside}"
         assert not self.failures, f"widget failures in the console: {self.failures}"
 
+    @property
+    def version_warnings(self) -> list[str]:
+        """Shared modules an extension wanted in another version than the page's frontend has."""
+        return [line for line in self.console if "Unsatisfied version" in line or "No satisfying version" in line]
+
 
 def guard_page(page) -> PageGuard:
     """Refuse (and record) every request to a host other than this machine; record widget failures logged."""

@@ -39,6 +39,9 @@ def test_the_operators_page_draws_every_chart_fresh_and_after_a_reload(up, brows
     try:
         assert_every_chart_drawn(page, guard, "fresh operator")
         screenshot(page, "loads_operator_fresh")
+        assert not guard.version_warnings, (  # pyproject.toml pins versions whose frontends agree
+            f"{len(guard.version_warnings)} version warnings, e.g. {guard.version_warnings[0]}: the installed voila / "
+            "ipywidgets / jupyterlab_widgets are not the pinned ones (reinstall: bash scripts/setup.sh)")
         page.reload(wait_until="commit", timeout=PAGE_TIMEOUT_MS)
         page.wait_for_selector(".wb-dashboard .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
         assert_every_chart_drawn(page, guard, "reloaded operator")
