@@ -12,6 +12,7 @@ import pandas as pd
 from .common import assign, fmt, heading, table
 
 EVENTS_SHOWN = 100
+BALANCE_EVERY_S = 5.0  # the balance summarises the whole chart window: at most this often, not every tick
 BAD_EVENTS = ("crash", "refused", "error")
 
 
@@ -77,6 +78,7 @@ class EventsPanel:
         self.log = W.HTML(_dom_classes=["wb-events-log"],
                           layout=W.Layout(max_height="320px", overflow="auto"))
         self.balance = W.HTML(_dom_classes=["wb-balance"])
+        self._balanced_at = -BALANCE_EVERY_S
         self.widget = W.VBox([heading("Events (newest first)"), self.log, heading("Balance (chart window)"),
                               self.balance], _dom_classes=["wb-events"])
 
@@ -87,7 +89,8 @@ class EventsPanel:
             classes = ["wb-bad" if r[1] in BAD_EVENTS else "" for r in rows]
             payload["log"] = table(["time", "kind", "what"], rows, row_classes=classes, css="wb-table wb-events") \
                 if rows else "<span class='wb-muted'>No events yet.</span>"
-        if "samples" in news:
+        if "samples" in news and time.monotonic() - self._balanced_at >= BALANCE_EVERY_S:
+            self._balanced_at = time.monotonic()
             rows, notes = balance_table(feed.samples)
             payload["balance"] = (table(["GPU", "util %", "SM active %", "tensor active %", "peak memory GB",
                                          "power W"], rows) + "".join(f"<div>{n}</div>" for n in notes)) \

@@ -199,11 +199,13 @@ class Feed:
             self._deriving.join(timeout)
 
     def _steps_span(self) -> float:
-        """Seconds from the start of the first step the breakdown shows to the newest sample (+ a margin)."""
+        """Seconds from the start of the first step the breakdown shows to the newest sample (+ a margin), rounded
+        up to a power of two: a window that grew every tick made its buckets re-read whole every tick."""
         recent = self.steps.iloc[-STEPS_SHOWN:]
         first_step_s = recent["timing_s/step"].iloc[0] if "timing_s/step" in recent else 0.0
         first = float(recent["t"].iloc[0]) - (0.0 if pd.isna(first_step_s) else float(first_step_s))
-        return max(time.time(), float(recent["t"].iloc[-1])) - first + 5.0
+        span = max(time.time(), float(recent["t"].iloc[-1])) - first + 5.0
+        return 2.0 ** math.ceil(math.log2(max(span, 1.0)))
 
     def _advise(self, changed: set[str]) -> set[str]:
         """Advice runs in its own thread (it reads every sample of the segment it judges); its result lands here."""

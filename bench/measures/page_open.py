@@ -22,32 +22,38 @@ RECORDING, SPEED = "h200-tuning", 10
 DRAWN_WITHIN_S = 180.0
 
 
+def _drawn(page, started: float) -> dict:
+    """Seconds from `started` to the first chart and to every chart drawn with data (polled every 0.1 s)."""
+    from tests.browser.conftest import CHART_PANELS, chart_drawn
+
+    first = None
+    while time.monotonic() < started + DRAWN_WITHIN_S:
+        drawn = chart_drawn(page)
+        if first is None and any(drawn.values()):
+            first = time.monotonic() - started
+        if all(drawn.get(panel, 0) > 0 for panel in CHART_PANELS):
+            return {"value": time.monotonic() - started, "first_chart_s": first, "points": drawn}
+        time.sleep(0.1)
+    raise TimeoutError(f"not every chart drawn within {DRAWN_WITHIN_S:.0f} s: {chart_drawn(page)}")
+
+
 def _open(browser, url: str, reload_first: bool = False) -> dict:
-    from tests.browser.conftest import CHART_PANELS, chart_drawn, guard_page
+    from tests.browser.conftest import guard_page
 
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     guard = guard_page(page)
     try:
         if reload_first:  # a page already open, reloaded: a new page kernel behind the same tab
             page.goto(url, wait_until="commit")
-            page.wait_for_selector(".wb-dashboard .js-plotly-plot", timeout=DRAWN_WITHIN_S * 1000)
+            _drawn(page, time.monotonic())
             started = time.monotonic()
             page.reload(wait_until="commit")
         else:
             started = time.monotonic()
             page.goto(url, wait_until="commit")
-        first = None
-        deadline = started + DRAWN_WITHIN_S
-        while time.monotonic() < deadline:
-            drawn = chart_drawn(page)
-            if first is None and any(drawn.values()):
-                first = time.monotonic() - started
-            if all(drawn.get(panel, 0) > 0 for panel in CHART_PANELS):
-                every = time.monotonic() - started
-                guard.check()
-                return {"value": every, "first_chart_s": first, "points": drawn}
-            time.sleep(0.1)
-        raise TimeoutError(f"not every chart drawn within {DRAWN_WITHIN_S:.0f} s: {chart_drawn(page)}")
+        timed = _drawn(page, started)
+        guard.check()
+        return timed
     finally:
         page.close()
 
