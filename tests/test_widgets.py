@@ -316,11 +316,5 @@ def test_the_live_task_updates_the_charts_without_a_cell_run(started):
         d.close()
         return first, len(d.steps.chart.traces[0]["x"])
 
-    # A loop of its own in a thread of its own: the browser tests' session-wide Playwright keeps a loop running on
-    # the main thread, where asyncio.run() would refuse to start.
-    outcome: dict[str, tuple[int, int]] = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=asyncio.run(watch())))
-    runner.start()
-    runner.join(TIMEOUT + 60)
-    first, later = outcome["result"]
+    first, later = asyncio.run(watch())
     assert later > first

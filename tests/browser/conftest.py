@@ -27,8 +27,11 @@ URL = re.compile(r"^\s+(http://\S+)$")
 PAGE_TIMEOUT_MS = 120_000  # a page kernel imports the workbench, pandas and plotly: slow on a busy 2-core machine
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Chromium for one module's tests. Not for the whole session: while Playwright's sync API is open its event
+    loop counts as running on the main thread, and every later test's asyncio.run() or sync_playwright() refused to
+    start (tests/browser/test_browser_fixture.py)."""
     if not CHROMIUM.exists():
         pytest.skip("no Chromium at /usr/bin/chromium (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
