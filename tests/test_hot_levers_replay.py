@@ -3,14 +3,15 @@
 The recording's operator applied the advisor's fused-kernel lever (fused kernels + dynamic batching + budgets) as a
 restart on 2026-12-01; those knobs are hot now, so the same change is applied at the next step boundary of the same
 run: the replay goes on in the recorded segment of that plan (as a live run goes on with it in force), without a
-launch. A replay plays only plans it holds (the same rule as for hot budget changes): a hot change it has no recorded
-segment for is refused, naming that.
+launch. A replay plays only plans it holds (the same rule as for hot budget changes): its preview refuses a hot change it
+has no recorded segment for, naming that, and nothing is queued.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from workbench.plan import PlanError
 from workbench.replay import NO_RECORDED_SEGMENT, Recording
 from workbench.session import Session, resolve_recording
 
@@ -47,8 +48,16 @@ def test_the_fused_lever_is_applied_hot_on_a_replay(tmp_path):
         assert after["timing_s/step"].iloc[-1] < 0.5 * before["timing_s/step"].iloc[1:].min()
         assert after["segment_id"].min() > before["segment_id"].max()
 
-        refused = session.apply({"gradient_checkpointing": False}).wait(timeout=TIMEOUT)
-        assert refused.state in ("refused", "not_applied") and NO_RECORDED_SEGMENT.split(":")[0] in str(
-            (refused.message, refused.problems))
+        # A hot change no recorded segment ran: refused at once by the preview (its mode kept, the recorded plans
+        # offered instead), and apply queues nothing.
+        unplayable = {"gradient_checkpointing": False}
+        preview = session.preview(unplayable)
+        assert preview.mode == "hot" and not preview.ok and preview.offers
+        assert NO_RECORDED_SEGMENT in preview.problems["plan"]
+        queued = len(session.commands())
+        with pytest.raises(PlanError, match=NO_RECORDED_SEGMENT.split(":")[0]):
+            session.apply(unplayable)
+        assert len(session.commands()) == queued
+        assert session.plan.knob_values()["gradient_checkpointing"] is True
     finally:
         session.stop(now=True)
