@@ -3,13 +3,15 @@ health before each launch, the watchdog. The slow tests start real Ray heads on 
 
 from __future__ import annotations
 
-import os
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -73,7 +75,7 @@ def test_an_unhealthy_cluster_is_restarted_before_a_launch_or_left_to_the_run(tm
     health = {"problem": None}
     monkeypatch.setattr(cluster, "health_problem", lambda: health["problem"])
     plan = one_node_plan()
-    first = {"RAY_ADDRESS": "127.0.0.1:6001", ray_cluster.SESSION_ADDRESS_ENV: "127.0.0.1:6001"}
+    first = {"RAY_ADDRESS": "127.0.0.1:6001", ray_cluster.SESSION_ADDRESS_ENV: "127.0.0.1:6001", **cluster.auth_env()}
     assert cluster.env_for(plan) == first and cluster.notices == []
     assert cluster.env_for(plan) == first and not stopped  # healthy: kept
 
@@ -89,6 +91,39 @@ def test_an_unhealthy_cluster_is_restarted_before_a_launch_or_left_to_the_run(tm
     assert cluster.env_for(plan) == {} and cluster.address is None
     assert cluster.notices == ["the session Ray cluster was unhealthy (its raylet is gone) and a fresh one could not "
                                "start: verl starts Ray itself: ray start --head failed 2 times (exit 1)"]
+
+
+def test_the_head_and_its_runs_authenticate_with_the_sessions_own_token(tmp_path, monkeypatch):
+    """Ray 2.60's `ray start --head` turns token authentication on where ~/.ray/auth_token exists (any earlier local
+    ray.init() writes one), but a driver joining by RAY_ADDRESS never turns it on: every run then failed to connect
+    ("InvalidAuthToken"). The head is started in token mode with a token of the cluster's own (0600), and each run is
+    handed the same mode and token; an auth mode set in the environment is left to both."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    heads = []
+
+    def ray_start(args, env, **kwargs):
+        heads.append(env)
+        return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(ray_cluster.subprocess, "run", ray_start)
+    cluster = SessionRayCluster(tmp_path)
+    monkeypatch.setattr(cluster, "_start_watchdog", lambda: None)
+    try:
+        env = cluster.env_for(one_node_plan())
+        token = Path(env["RAY_AUTH_TOKEN_PATH"])
+        assert env["RAY_AUTH_MODE"] == heads[0]["RAY_AUTH_MODE"] == "token"
+        assert heads[0]["RAY_AUTH_TOKEN_PATH"] == str(token) and token.parent == cluster.temp_dir
+        assert len(token.read_text()) == 64 and token.stat().st_mode & 0o777 == 0o600
+        assert cluster.temp_dir.stat().st_mode & 0o777 == 0o700
+
+        cluster.address = None  # a fresh cluster, with the user's own choice in the environment
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+        env = cluster.env_for(one_node_plan())
+        assert "RAY_AUTH_MODE" not in env and "RAY_AUTH_TOKEN_PATH" not in env
+        assert heads[1]["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN_PATH" not in heads[1]
+    finally:
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
 
 
 def test_the_supervisor_says_what_happened_to_the_session_cluster_at_a_launch(tmp_path, runnable_plan, monkeypatch):
@@ -129,6 +164,11 @@ def test_a_run_joins_only_a_session_cluster_that_can_take_it(monkeypatch):
     assert "RAY_ADDRESS" not in environ
     assert said.startswith(f"the session Ray cluster can't take this run (its GCS at {closed} does not answer")
     assert said.endswith("it starts Ray itself")
+    # The cluster's token went with its temp dir: the run's own Ray makes one where Ray keeps it (token mode stays).
+    environ = {"RAY_ADDRESS": closed, ray_cluster.SESSION_ADDRESS_ENV: closed, "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": "/nonexistent/wb-ray-gone/auth_token"}
+    assert ray_cluster.join_or_own_ray(environ) and environ == {ray_cluster.SESSION_ADDRESS_ENV: closed,
+                                                                "RAY_AUTH_MODE": "token"}
 
 
 def test_the_raylets_agents_are_named_as_ray_names_them():
@@ -161,7 +201,7 @@ def test_the_raylets_own_agents_are_never_a_runs_leftovers(tmp_path):
     cluster.temp_dir, cluster.address = temp_dir, "127.0.0.1:1"  # a stand-in: nothing listens there
     try:
         deadline = time.time() + 60
-        while len(cluster.processes()) < 7 and time.time() < deadline:  # raylet, 2 agents, 2 workers, a child
+        while len(cluster.processes()) < 6 and time.time() < deadline:  # raylet, 2 agents, 2 workers, a child
             time.sleep(0.2)
         titles = lambda procs: sorted(p.cmdline()[0] for p in procs)  # noqa: E731
         ray_own = [p for p in cluster.processes() if p.cmdline()[0] in ("ray::DashboardAgent", "ray::RuntimeEnvAgent",
@@ -180,6 +220,11 @@ def test_the_raylets_own_agents_are_never_a_runs_leftovers(tmp_path):
 def run_on(env: dict[str, str], code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def ran_words(run: subprocess.CompletedProcess) -> str:
+    """What a run printed, for a failing assertion: its exit code, stdout and the tail of its stderr."""
+    return f"exit {run.returncode}; stdout {run.stdout[-1000:]!r}; stderr:\n{run.stderr[-4000:]}"
 
 
 # A run as verl's: its driver joins the cluster, starts an actor whose process starts one of its own (vLLM's engine
@@ -221,9 +266,14 @@ def test_a_restart_relaunch_joins_the_cluster_the_first_run_left(tmp_path, monke
     relaunch's ray.init connects (there it failed with `No node info found matching attributes: ''`: the raylet's
     agents were ended as the run's leftovers and the raylet died with them). Then a raylet that dies anyway: a run
     handed the cluster starts Ray itself, and the supervisor's check before the next launch restarts the cluster,
-    which that relaunch joins."""
+    which that relaunch joins. A home holding Ray's default token (any earlier local ray.init() writes one; CI's did):
+    the head's token mode is then on, and the runs must authenticate all the same."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.setenv(ray_cluster.ENABLE_ENV, "1")
+    (tmp_path / "home" / ".ray").mkdir(parents=True)
+    (tmp_path / "home" / ".ray" / "auth_token").write_text("0" * 64)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     plan = one_node_plan()
     cluster = SessionRayCluster(tmp_path)
     ports = []
@@ -234,6 +284,7 @@ def test_a_restart_relaunch_joins_the_cluster_the_first_run_left(tmp_path, monke
         client_server = [p for p in cluster.processes() if "ray.util.client.server" in p.cmdline()]
         assert len(client_server) == 1 and "--port=10001" not in client_server[0].cmdline()  # a port of its own
         first = run_on(env, FIRST_RUN)
+        assert first.returncode == 0 and first.stdout.strip(), ran_words(first)
         child = int(first.stdout.strip().splitlines()[-1])
         started = time.time()
         cluster.end_run_processes(grace_s=60)
@@ -242,7 +293,7 @@ def test_a_restart_relaunch_joins_the_cluster_the_first_run_left(tmp_path, monke
         assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
         assert not cluster.run_processes()
         relaunch = run_on(env, RELAUNCH)  # as the supervisor would hand it out, unchecked: the lease's sequence
-        assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+        assert relaunch.returncode == 0, ran_words(relaunch)
         assert "alive nodes 1 ran" in relaunch.stdout
         assert cluster.health_problem() is None
         assert cluster.env_for(plan) == env and cluster.notices == []  # the same cluster for the next run
@@ -252,7 +303,9 @@ def test_a_restart_relaunch_joins_the_cluster_the_first_run_left(tmp_path, monke
         raylet.send_signal(signal.SIGKILL)
         raylet.wait(timeout=30)
         # a run handed this cluster (as a race past the supervisor's check would) starts Ray itself instead
-        said, address = json.loads(run_on(env, RUN_CHECK).stdout.strip().splitlines()[-1])
+        check = run_on(env, RUN_CHECK)
+        assert check.returncode == 0 and check.stdout.strip(), ran_words(check)
+        said, address = json.loads(check.stdout.strip().splitlines()[-1])
         assert address is None and "lists no alive node" in said
         assert cluster.health_problem() == "its raylet is gone"
         env = cluster.env_for(plan)
@@ -260,7 +313,7 @@ def test_a_restart_relaunch_joins_the_cluster_the_first_run_left(tmp_path, monke
         assert cluster.notices and "unhealthy (its raylet is gone)" in cluster.notices[0]
         assert env and cluster.health_problem() is None
         relaunch = run_on(env, RELAUNCH)
-        assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+        assert relaunch.returncode == 0, ran_words(relaunch)
     finally:
         cluster.stop()
     assert not cluster.processes()

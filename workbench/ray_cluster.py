@@ -22,7 +22,8 @@ within a second of the supervisor's death, and itself when the cluster was stopp
 whose command line names its temp dir, and Ray's client server, which names only the GCS address it proxies
 (`--address=HOST:PORT`); the client server gets a free port of its own, not Ray's fixed 10001, so that a session's
 restarted cluster (or another session's) never finds it taken. Where the head can't be started, the run starts
-Ray itself as before (`failure` says why). It saves Ray's start-up on every relaunch (2.5–3.8 s on the H200, more on
+Ray itself as before (`failure` says why). The head and its runs authenticate with a token of the cluster's own
+(auth_env: Ray 2.60 turns a head's token mode on by itself where ~/.ray/auth_token exists, never a joining driver's). It saves Ray's start-up on every relaunch (2.5–3.8 s on the H200, more on
 a loaded host).
 
 The supervisor's hook (workbench/supervisor.py):
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -53,6 +55,7 @@ from .procs import end
 ENABLE_ENV = "WORKBENCH_RAY_CLUSTER"
 START_TIMEOUT_S = 180.0
 SESSION_ADDRESS_ENV = "WORKBENCH_SESSION_RAY_ADDRESS"  # beside RAY_ADDRESS: that address is the session cluster's
+AUTH_MODE_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"  # Ray's (ray/_private/authentication)
 GCS_ANSWER_S = 20.0  # a GCS that takes longer to list its nodes can't serve a run either
 # The raylet's agents retitle themselves as Ray's workers do (ray._private.ray_constants.AGENT_PROCESS_LIST), and the
 # raylet exits the moment one of them dies (fate sharing: "The raylet exited immediately because one Ray agent
@@ -119,13 +122,35 @@ class SessionRayCluster:
             if unhealthy:
                 self.notices.append(f"the session Ray cluster was unhealthy ({unhealthy}): a fresh one was started for "
                                     "this run")
-        return {"RAY_ADDRESS": self.address, SESSION_ADDRESS_ENV: self.address}
+        return {"RAY_ADDRESS": self.address, SESSION_ADDRESS_ENV: self.address, **self.auth_env()}
+
+    def auth_env(self) -> dict[str, str]:
+        """How the head and every run authenticate: Ray 2.60's `ray start --head` turns token authentication on
+        wherever ~/.ray/auth_token exists (any local ray.init() writes one), while a driver joining by RAY_ADDRESS
+        never does, and failed with "InvalidAuthToken". So both are told: token mode with the cluster's own token.
+        An auth mode set in the environment is the user's, left to both."""
+        if os.environ.get(AUTH_MODE_ENV) is not None:
+            return {}
+        return {AUTH_MODE_ENV: "token", AUTH_TOKEN_PATH_ENV: str(self.temp_dir / "auth_token")}
+
+    def _write_token(self) -> None:
+        """A fresh token for this head, readable by this user alone."""
+        path = self.auth_env().get(AUTH_TOKEN_PATH_ENV)
+        if path is None:
+            return
+        self.temp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.temp_dir.chmod(0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # as ray's generate_new_authentication_token
 
     def start(self, gpus: list[int], attempts: int = 2) -> str:
         """`ray start --head` with these GPUs. Ray gives its raylet a fixed 30 s to register, which a loaded host
         can miss: one more attempt then."""
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "RAY_USAGE_STATS_ENABLED": "0",
+               **self.auth_env()}
         env.pop("RAY_ADDRESS", None)
+        self._write_token()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, attempts + 1):
             self.gcs_port, client_port = _free_port(), _free_port()
@@ -304,6 +329,9 @@ def join_or_own_ray(environ: MutableMapping[str, str] = os.environ) -> str | Non
     if problem is None:
         return None
     del environ["RAY_ADDRESS"]
+    token = environ.get(AUTH_TOKEN_PATH_ENV)
+    if token and not os.path.exists(token):  # it went with the cluster's temp dir: Ray's own ray.init makes one
+        del environ[AUTH_TOKEN_PATH_ENV]
     return f"the session Ray cluster can't take this run ({problem}): it starts Ray itself"
 
 
