@@ -10,6 +10,7 @@ wrapping verl uses (FSDP1, one rank, gloo).
 from __future__ import annotations
 
 import copy
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,7 @@ from verl.models.transformers import monkey_patch
 from verl.utils import tensordict_utils as tu
 from tests.plan_fixtures import runnable_plan, tiny_model  # noqa: F401 (fixtures)
 from workbench.runner import levers, worker_hooks
+from workbench.runner import trainer as runner_trainer
 
 PLAIN_QWEN2_FORWARD = Qwen2ForCausalLM.forward
 SEQUENCES = [(3, 11, 27, 5, 9), (8, 1, 44, 2, 90, 17, 33, 6, 61), (12, 7, 7, 100, 4, 58, 3)]
@@ -249,8 +251,6 @@ def live_trainer(runnable_plan, monkeypatch):
     process holding a real verl engine on the tiny model, built the way the plan says (no fused kernels)."""
     from omegaconf import OmegaConf
 
-    from workbench.runner import trainer as runner_trainer
-
     monkeypatch.setattr(runner_trainer.ray, "get", lambda refs: refs)
 
     class VerlTrainer:
@@ -288,7 +288,10 @@ def test_the_fused_lever_goes_through_the_step_boundary_with_its_log_prob_check(
     assert worker["engines"]["actor"]["fused_backend"] == "torch"
     assert worker["engines"]["actor"]["gradient_checkpointing"] is False
     check = applied["data"]["logprob_check"]
-    assert check["tokens"] == int(USED_POSITIONS.sum()) and check["max_abs_diff"] < 1e-4
+    # Before: verl's plain path (fp32 here: logit minus logsumexp); after: the fused one (log_softmax, then gather).
+    # On the CPU in fp32 they round apart, so a check that compares the two passes sees a difference above 0. (On CUDA
+    # under bf16 autocast both are one bf16 matmul and a fp32 log-softmax, and may agree to the bit.)
+    assert check["tokens"] == int(USED_POSITIONS.sum()) and 0 < check["max_abs_diff"] < 1e-4
     assert "max |Δ|" in applied["text"]
     assert live_trainer._wb_live("fused_kernels") is True
     assert live_trainer.actor.engine_config.use_fused_kernels
@@ -367,48 +370,178 @@ def test_the_probe_takes_whole_micro_batches_before_and_after(live_trainer):
     assert "generation runs during the step boundary" in per_rank({"fused_kernels": True})["skipped"]
 
 
-def test_the_probe_reads_back_the_response_log_probs_of_its_share(live_trainer, monkeypatch):
-    """The runner's probe against a TransferQueue stand-in (a GPU-side package): the probe batch it hands verl's
-    compute_log_prob (first sequences of each rank's share, the log-prob call's settings), and the response
-    tokens' log-probs it reads back (verl's response_from_nested: each response's tokens, shifted by one)."""
-    import dataclasses
-    import sys
-    import types
+class TransferQueueStandIn:
+    """transfer_queue as verl 0.9.1 meets it, row by row: fields per (partition, key); a put adds or overwrites a key's
+    fields (TransferQueue 0.1.10 and 0.1.11's SimpleStorageUnit.put_data); a read returns the fields asked for (every
+    field of the keys with None) as jagged nested tensors and fails on a field a key lacks; a clear drops the keys."""
 
-    @dataclasses.dataclass
-    class KVBatchMeta:  # transfer_queue's, field for field
-        keys: list = dataclasses.field(default_factory=list)
-        tags: list = dataclasses.field(default_factory=list)
-        partition_id: str | None = None
-        fields: list | None = None
-        extra_info: dict = dataclasses.field(default_factory=dict)
+    def __init__(self):
+        import dataclasses
 
-    prompt, responses = 3, [2, 4, 1, 3]  # four sequences: 3 prompt tokens, then responses of these lengths
-    log_probs = [torch.arange(prompt + n, dtype=torch.float32) + 10 * i for i, n in enumerate(responses)]
-    stored = {"log_probs": torch.nested.as_nested_tensor(log_probs, layout=torch.jagged),
-              "response_mask": torch.nested.as_nested_tensor([torch.ones(n, dtype=torch.int64) for n in responses],
-                                                             layout=torch.jagged)}
-    asked = {}
-    transfer_queue = types.ModuleType("transfer_queue")
-    transfer_queue.KVBatchMeta = KVBatchMeta
-    transfer_queue.kv_batch_get = lambda keys, partition_id, select_fields: tu.get_tensordict(
-        {k: stored[k] for k in select_fields})
-    monkeypatch.setitem(sys.modules, "transfer_queue", transfer_queue)
-    live_trainer._wb_step_batch = KVBatchMeta(keys=["a", "b", "c", "d"], tags=[{}] * 4, partition_id="train")
-    live_trainer.actor_rollout_wg._dispatch_info = {"actor": [0, 1]}  # two data-parallel ranks
-    live_trainer.actor_rollout_wg.compute_log_prob = lambda probe: asked.setdefault("probe", probe)
+        @dataclasses.dataclass
+        class KVBatchMeta:  # transfer_queue's, field for field
+            keys: list = dataclasses.field(default_factory=list)
+            tags: list = dataclasses.field(default_factory=list)
+            partition_id: str | None = None
+            fields: list | None = None
+            extra_info: dict = dataclasses.field(default_factory=dict)
+
+        self.KVBatchMeta = KVBatchMeta
+        self.rows: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+
+    def kv_batch_put(self, keys, partition_id, fields, tags=None):
+        for name in fields.keys():
+            for key, row in zip(keys, fields[name].unbind(), strict=True):
+                self.rows.setdefault((partition_id, key), {})[name] = row
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        names = select_fields or sorted(self.rows[(partition_id, keys[0])])
+        missing = [(key, name) for key in keys for name in names if name not in self.rows[(partition_id, key)]]
+        if missing:
+            raise ValueError(f"fields never written: {missing}")
+        return tu.get_tensordict({name: torch.nested.as_nested_tensor(
+            [self.rows[(partition_id, key)][name] for key in keys], layout=torch.jagged) for name in names})
+
+    def kv_clear(self, keys, partition_id):
+        for key in keys:
+            self.rows.pop((partition_id, key), None)
+
+    def module(self):
+        import types
+
+        module = types.ModuleType("transfer_queue")
+        for name in ("KVBatchMeta", "kv_batch_get", "kv_batch_put", "kv_clear"):
+            setattr(module, name, getattr(self, name))
+        return module
+
+
+PROMPT, RESPONSES = 3, [2, 4, 1, 3]  # four sequences: 3 prompt tokens, then responses of these lengths
+STEP_KEYS = ["a", "b", "c", "d"]
+
+
+def computed_log_probs(call: int, sequence: int) -> torch.Tensor:
+    """What log-prob call `call` computes for a sequence: position t holds t + 10 sequence + 1000 call."""
+    return torch.arange(PROMPT + RESPONSES[sequence], dtype=torch.float32) + 10 * sequence + 1000 * call
+
+
+def response_log_probs(call: int, sequences=range(len(RESPONSES))) -> torch.Tensor:
+    """The response tokens' log-probs the probe reads back from that call: log_probs[t] scores token t+1, so a response
+    of n tokens after 3 prompt tokens is positions 2 .. 2+n-1 (verl's response_from_nested)."""
+    return torch.cat([torch.arange(PROMPT - 1, PROMPT - 1 + RESPONSES[i], dtype=torch.float32) + 10 * i + 1000 * call
+                      for i in sequences])
+
+
+def step_rows() -> dict[str, list[torch.Tensor]]:
+    """This step's rows as verl leaves them in the queue: inputs (input_ids: the sequence's index, repeated) and the
+    step's own log_probs (its old_log_prob pass: call -1)."""
+    return {"input_ids": [torch.full((PROMPT + n,), i) for i, n in enumerate(RESPONSES)],
+            "response_mask": [torch.ones(n, dtype=torch.int64) for n in RESPONSES],
+            "log_probs": [computed_log_probs(-1, i) for i in range(len(RESPONSES))]}
+
+
+@pytest.fixture
+def queued_step(live_trainer, monkeypatch):
+    """The runner's probe against the stand-in queue holding this step's rows, two data-parallel ranks."""
+    queue = TransferQueueStandIn()
+    queue.kv_batch_put(STEP_KEYS, "train", tu.get_tensordict({
+        name: torch.nested.as_nested_tensor(rows, layout=torch.jagged) for name, rows in step_rows().items()}))
+    monkeypatch.setitem(sys.modules, "transfer_queue", queue.module())
+    live_trainer._wb_step_batch = queue.KVBatchMeta(keys=STEP_KEYS, tags=[{}] * 4, partition_id="train")
+    live_trainer.actor_rollout_wg._dispatch_info = {"actor": [0, 1]}
     live_trainer.config.actor_rollout_ref.rollout.temperature = 1.0
     del live_trainer._wb_probe_log_probs  # the real one, not the fixture's stand-in
+    return queue
 
-    got = live_trainer._wb_probe_log_probs(2)
 
-    probe = asked["probe"]
-    assert probe.keys == ["a", "b", "c", "d"] and probe.partition_id == "train"
+def test_the_probe_reads_back_what_each_log_prob_call_computed(live_trainer, queued_step):
+    """verl's compute_log_prob reads the fields of the keys it is handed and writes its log_probs under them
+    (tqbridge). The probe hands it the first sequences of each rank's share, copied to rows of its own (a partition
+    verl's sampler never reads, fresh keys per call) with the log-prob call's settings, and reads back the response
+    tokens' log-probs of THAT call: never the step's, never the previous call's; the step's rows stay as they were."""
+    queue, asked, seen = queued_step, [], []
+
+    def compute_log_prob(probe):
+        asked.append(probe)
+        rows = queue.kv_batch_get(probe.keys, probe.partition_id)
+        seen.append(sorted(rows.keys()))
+        computed = [computed_log_probs(len(asked), int(ids[0])) for ids in rows["input_ids"].unbind()]
+        queue.kv_batch_put(probe.keys, probe.partition_id, tu.get_tensordict(
+            {"log_probs": torch.nested.as_nested_tensor(computed, layout=torch.jagged)}))
+        return queue.KVBatchMeta(keys=probe.keys, partition_id=probe.partition_id, fields=["log_probs"])
+
+    live_trainer.actor_rollout_wg.compute_log_prob = compute_log_prob
+    before_rows = {key: dict(row) for key, row in queue.rows.items()}
+
+    first, second = live_trainer._wb_probe_log_probs(2), live_trainer._wb_probe_log_probs(2)
+
+    assert torch.equal(first, response_log_probs(1)) and torch.equal(second, response_log_probs(2))
+    assert seen == [["input_ids", "response_mask"]] * 2  # the step's inputs, none of its log_probs
+    probe = asked[0]
+    assert probe.partition_id == runner_trainer.PROBE_PARTITION != "train" and len(probe.keys) == 4
+    assert not set(asked[0].keys) & set(asked[1].keys) and not set(probe.keys) & set(STEP_KEYS)
     assert probe.extra_info["use_dynamic_bsz"] is False and probe.extra_info["micro_batch_size_per_gpu"] == 2
     assert probe.extra_info["compute_loss"] is False and probe.extra_info["temperature"] == 1.0
-    # log_probs[t] scores token t+1: a response of n tokens after 3 prompt tokens is positions 2 .. 2+n-1
-    expected = torch.cat([torch.arange(prompt - 1, prompt - 1 + n, dtype=torch.float32) + 10 * i
-                          for i, n in enumerate(responses)])
-    assert torch.equal(got, expected)
+    assert queue.rows.keys() == before_rows.keys()  # the probe's rows are gone, the step's untouched
+    assert all(torch.equal(queue.rows[key]["log_probs"], row["log_probs"]) for key, row in before_rows.items())
     with pytest.raises(ValueError, match="the probe needs 4 for each of 2 ranks"):
         live_trainer._wb_probe_log_probs(4)
+
+
+def test_a_log_prob_call_that_writes_nothing_back_is_never_read_as_its_result(live_trainer, queued_step):
+    """The step's own log_probs lie in the queue under its keys. A call that writes none back (a rank that does not
+    collect, a put that did not land) must fail the pass, never hand back values it did not compute: read from the
+    step's rows, before and after a switch they are the same, a max |Δ| of 0 that measured nothing."""
+    queue = queued_step
+    live_trainer.actor_rollout_wg.compute_log_prob = lambda probe: queue.KVBatchMeta(
+        keys=probe.keys, partition_id=probe.partition_id)
+
+    with pytest.raises(ValueError, match="the log-prob pass wrote no log-probs back"):
+        live_trainer._wb_probe_log_probs(2)
+    assert {key for _, key in queue.rows} == set(STEP_KEYS)  # its own rows cleared all the same
+
+
+@pytest.mark.slow
+def test_the_probe_reads_each_calls_log_probs_through_a_real_transfer_queue(live_trainer, monkeypatch):
+    """The same through transfer_queue itself (a GPU-side package: skipped where it is not installed) and verl's own
+    TransferQueue bridge: the probe's KVBatchMeta goes through verl's dispatch (BatchData.chunk turns it into the
+    queue's BatchMeta) to a compute_log_prob wrapped as verl's workers are (tqbridge: read the keys' fields, compute,
+    put the output); the probe's read after each call returns that call's log-probs, and its rows are gone after."""
+    tq = pytest.importorskip("transfer_queue")
+    import ray
+
+    from verl.protocol import BatchData
+    from verl.utils.transferqueue_utils import tqbridge
+
+    monkeypatch.setattr(ray, "get", ray._private.worker.get)  # the fixture's stand-in for the trainer's calls
+    ray.init(num_cpus=16, include_dashboard=False)  # the queue's actors ask for CPUs
+    try:
+        tq.init()
+        tq.kv_batch_put(keys=STEP_KEYS, partition_id="train", fields=tu.get_tensordict({
+            name: torch.nested.as_nested_tensor(rows, layout=torch.jagged) for name, rows in step_rows().items()}))
+        calls = []
+
+        @tqbridge()
+        def worker_compute_log_prob(data):
+            calls.append(sorted(data.keys()))
+            return tu.get_tensordict({"log_probs": torch.nested.as_nested_tensor(
+                [computed_log_probs(len(calls), int(ids[0])) for ids in data["input_ids"].unbind()],
+                layout=torch.jagged)})
+
+        def compute_log_prob(probe):  # one data-parallel rank: verl's dispatch and collect around the worker
+            return BatchData([worker_compute_log_prob(chunk) for chunk in BatchData(probe).chunk(1)]).concat()
+
+        live_trainer._wb_step_batch = tq.KVBatchMeta(keys=STEP_KEYS, tags=[{}] * 4, partition_id="train")
+        live_trainer.actor_rollout_wg._dispatch_info = {"actor": [0]}
+        live_trainer.actor_rollout_wg.compute_log_prob = compute_log_prob
+        live_trainer.config.actor_rollout_ref.rollout.temperature = 1.0
+        del live_trainer._wb_probe_log_probs
+
+        for call in (1, 2):
+            got = live_trainer._wb_probe_log_probs(4)
+            assert torch.equal(got, response_log_probs(call)), f"call {call} read {got.tolist()}"
+        assert [("log_probs" in fields) for fields in calls] == [False, False]
+        step = tq.kv_batch_get(keys=STEP_KEYS, partition_id="train", select_fields=["log_probs"])["log_probs"]
+        assert all(torch.equal(row, computed_log_probs(-1, i)) for i, row in enumerate(step.unbind()))
+        assert not tq.kv_list(runner_trainer.PROBE_PARTITION).get(runner_trainer.PROBE_PARTITION)
+    finally:
+        ray.shutdown()

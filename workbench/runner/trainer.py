@@ -16,6 +16,7 @@ colocate_async and separate_async all keep verl's behaviour; the subclass only
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import socket
@@ -49,6 +50,12 @@ SETTINGS_OF_CALL = settings_of_call()
 BUDGET_OF_CALL = budget_of_call()
 # Sequences per data-parallel rank whose log-probs are recomputed before and after a hot switch that changes them.
 PROBE_SEQUENCES_PER_RANK = 4
+# The probe's rows in the TransferQueue: a partition of their own (verl samples training batches from "train"), fresh
+# keys per log-prob call; and what verl's log-prob pass writes (workers/engine_workers.py infer_batch), left out of
+# the inputs the probe copies.
+PROBE_PARTITION = "workbench_logprob_probe"
+LOG_PROB_OUTPUTS = ("log_probs", "entropy")
+_PROBE_CALLS = itertools.count(1)
 
 
 def _set(config, path: str, value) -> None:
@@ -261,7 +268,12 @@ class WorkbenchTrainerMixin:
     def _wb_probe_log_probs(self, per_rank: int):
         """Response-token log-probs of the first `per_rank` sequences of each data-parallel rank's share of this
         step's batch, on the actor's current weights, with the old_log_prob call's settings in force. In sync mode
-        the rollout engine holds its KV cache at the boundary (verl wakes it in on_step_end): the probe stays small."""
+        the rollout engine holds its KV cache at the boundary (verl wakes it in on_step_end): the probe stays small.
+
+        verl's compute_log_prob reads the fields of the keys it is handed and writes its log_probs under them, where
+        the step's own log_probs lie: read back from there, a call that wrote nothing would hand back the step's
+        values, the same before and after a switch. So each call gets copies of those sequences' inputs under keys
+        of its own, in a partition verl's sampler never reads, and only what it wrote there is read back."""
         import transfer_queue as tq
         from transfer_queue import KVBatchMeta
         from verl.workers.utils.padding import response_from_nested
@@ -274,13 +286,23 @@ class WorkbenchTrainerMixin:
         if n > len(batch.keys):
             raise ValueError(f"this step's batch has {len(batch.keys)} sequences, the probe needs {per_rank} for each "
                              f"of {dp_size} ranks")
-        probe = KVBatchMeta(partition_id=batch.partition_id, keys=list(batch.keys[:n]), tags=list(batch.tags[:n]))
-        probe.extra_info.update({"calculate_entropy": False, "compute_loss": False,
-                                 "temperature": self.config.actor_rollout_ref.rollout.temperature})
-        self._wb_call_settings(probe, "_compute_old_log_prob")
-        wg.compute_log_prob(probe)
-        data = tq.kv_batch_get(keys=probe.keys, partition_id=probe.partition_id,
-                               select_fields=["log_probs", "response_mask"])
+        rows = tq.kv_batch_get(keys=list(batch.keys[:n]), partition_id=batch.partition_id)
+        inputs = rows.exclude(*(name for name in LOG_PROB_OUTPUTS if name in rows.keys()))
+        probe = KVBatchMeta(partition_id=PROBE_PARTITION, keys=[f"probe-{next(_PROBE_CALLS)}-{i}" for i in range(n)],
+                            tags=list(batch.tags[:n]))
+        tq.kv_batch_put(keys=probe.keys, partition_id=PROBE_PARTITION, fields=inputs, tags=probe.tags)
+        try:
+            probe.extra_info.update({"calculate_entropy": False, "compute_loss": False,
+                                     "temperature": self.config.actor_rollout_ref.rollout.temperature})
+            self._wb_call_settings(probe, "_compute_old_log_prob")
+            wg.compute_log_prob(probe)
+            try:
+                data = tq.kv_batch_get(keys=probe.keys, partition_id=PROBE_PARTITION,
+                                       select_fields=["log_probs", "response_mask"])
+            except Exception as error:  # the queue's words for a field no one wrote
+                raise ValueError(f"the log-prob pass wrote no log-probs back: {error}") from error
+        finally:
+            tq.kv_clear(keys=probe.keys, partition_id=PROBE_PARTITION)
         mask = data["response_mask"]
         return response_from_nested(data["log_probs"], mask).values()[mask.values().bool()].float().cpu()
 
