@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import memory, memory_fit
 from .. import predict as what_if
-from ..knobs import MICRO_BATCH_KNOBS
+from ..knobs import MICRO_BATCH_KNOBS, batching_knobs_read
 from .core import (BUDGET_KNOBS, FUSED_BUDGETS, FUSED_EVIDENCE, GIB_PER_MIB, Finding, Measurements, changes,
                    finding, limit, no_knob, prediction_text)
 from .safety import screen
@@ -226,13 +226,15 @@ def oom_risk(m: Measurements) -> Finding | None:
         return None
     worst = np.nanmax([peak, reserved_share])
     scale = limit("memory_target_peak") / worst
-    if m.knobs["use_dynamic_bsz"]:
-        change = changes(m, **{knob: m.scaled_budget(m.budget(knob), scale) for knob in BUDGET_KNOBS})
-        action = f"Token budgets {scale:.2f}× as large"
-    else:
-        change = changes(m, **{knob: max(1, int(m.knobs[knob]) // 2) for knob in MICRO_BATCH_KNOBS
-                                if m.knobs[knob] is not None})
-        action = "Micro batches half as large"
+    # Shrink what verl reads: token budgets where a pass packs by tokens (the critic always does in verl 0.9.1),
+    # micro-batch sizes where it doesn't.
+    read = batching_knobs_read(m.knobs["use_dynamic_bsz"])
+    budgets = {knob: m.scaled_budget(m.budget(knob), scale) for knob in BUDGET_KNOBS if knob in read}
+    micro = {knob: max(1, int(m.knobs[knob]) // 2) for knob in MICRO_BATCH_KNOBS
+             if knob in read and m.knobs[knob] is not None}
+    change = changes(m, **budgets, **micro)
+    action = " and ".join(part for part, knobs in ((f"Token budgets {scale:.2f}× as large", budgets),
+                                                   ("micro batches half as large", micro)) if knobs).capitalize()
     if not change:
         # Budgets already hold one sequence: optimizer state, needed once per mini batch, is the next to go.
         change = changes(m, actor_optimizer_offload=True, critic_optimizer_offload=True)
