@@ -65,9 +65,8 @@ def write_files(folder: Path) -> dict[str, Path]:
     big = folder / "big.yaml"
     with open(big, "w") as out:
         out.write("data:\n")
-        line = "  k: " + "x" * 1000 + "\n"
-        for _ in range(30 * 1024):
-            out.write(line)
+        for index in range(30 * 1024):  # 30 MB of distinct keys
+            out.write(f"  k{index}: {'x' * 1000}\n")
     made["big.yaml"] = big
     return made
 
@@ -255,3 +254,104 @@ def test_preview_with_a_non_string_knob_name_gets_one_line(home):
     finally:
         session.stop(now=True)
         session.close()
+
+
+# ------------------------------------------------------------------------------------------------ homes and disks
+AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+HOME_CALLS = {
+    "Session.replay": "Session.replay('h200-proof')",
+    "Session.list": "Session.list()",
+    "Session.attach": "Session.attach()",
+}
+
+
+def _run_as_nobody(home: Path, code: str) -> str:
+    """Run `code` as user nobody with VERL_WORKBENCH_HOME=home; what it printed (errors as `Type: message`)."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom workbench.session import Session\nfrom workbench.cli import main\n"
+              f"try:\n    {code}\nexcept Exception as error:\n    print(f'{{type(error).__name__}}: {{error}}')\n")
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([*AS_NOBODY, sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "VERL_WORKBENCH_HOME": str(home), "PYTHONPATH": str(repo)}, cwd="/")
+    return done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", [*HOME_CALLS, "up", "balance"])
+def test_an_unreadable_home_gets_one_line(call, tmp_path):
+    """VERL_WORKBENCH_HOME that this user can't enter (another user's, 0700): one line, naming the setting."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to run the case as another user (nobody)")
+    home = tmp_path / "home"
+    (home / "sessions").mkdir(parents=True)
+    home.chmod(0o700)
+    tmp_path.chmod(0o755)
+    code = HOME_CALLS.get(call) or f"sys.exit(main([{call!r}] + (['--no-browser', '--for', '2'] if {call!r} == 'up' else [])))"
+    said = one_line(_run_as_nobody(home, code))
+    assert "permission denied" in said and "VERL_WORKBENCH_HOME" in said, said
+    assert list((home / "sessions").iterdir()) == []
+
+
+@pytest.fixture
+def full_disk(tmp_path, monkeypatch):
+    """A 32 MB tmpfs as VERL_WORKBENCH_HOME, filled up to its last byte when the test says (root only: mounting needs CAP_SYS_ADMIN)."""
+    import shutil
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    monkeypatch.setenv("VERL_WORKBENCH_HOME", str(mount / "home"))
+    (mount / "home" / "sessions").mkdir(parents=True)
+
+    def fill() -> None:
+        with open(mount / "filler", "ab") as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError:
+                pass
+
+    yield mount, fill
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_leaves_no_half_made_session(full_disk, capsys):
+    """Session.replay and `up` on a full disk: one line, and no folder holding a 0-byte token is left."""
+    from workbench.paths import WorkbenchHomeError
+    from workbench.session import Session
+
+    mount, fill = full_disk
+    fill()
+    with pytest.raises(WorkbenchHomeError) as caught:
+        Session.replay("h200-proof", follow=False)
+    assert "No space left" in one_line(str(caught.value))
+    code, said = run_cli(["up", "--no-browser", "--for", "2"], capsys)
+    assert code == 1 and "No space left" in one_line(said)
+    assert list((mount / "home" / "sessions").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_stop_on_a_full_disk_gets_one_line_and_ends_the_session(full_disk):
+    from workbench.procs import process_alive
+    from workbench.session import Session
+
+    mount, fill = full_disk
+    session = Session.replay("h200-lora-critic-sync", speed=2, follow=False)
+    session.wait_until(lambda s: s.state == "running", timeout=120)
+    pid = int(session.meta["supervisor_pid"])
+    fill()
+    said = one_line(session.stop(timeout=60))
+    assert session.id in said
+    deadline = time.time() + 60
+    while process_alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not process_alive(pid), "the supervisor goes on after a stop"
+    session.close()

@@ -20,7 +20,7 @@ import pandas as pd
 
 from . import control as c
 from . import verl_config
-from .paths import new_session_dir, sessions_root
+from .paths import made_session_dir, session_stores
 from .plan import Plan
 from .procs import end_process_session, process_alive
 from .store import STORE_FILE, Store
@@ -126,25 +126,26 @@ def spawn_supervisor(plan: Plan, *, name: str | None, root: Path | None, meta: d
                      args: list[str]) -> tuple[Path, str]:
     """A new session directory with its operator token, store and log folder, and its supervisor started in a
     process session of its own; returns (directory, token)."""
-    directory = new_session_dir(name, root)
-    token = c.new_token()
-    token_path = directory / c.TOKEN_FILE
-    token_path.touch(mode=0o600)
-    token_path.write_text(token)
-    store = Store(directory)
-    store.set_meta(created=time.time(), initial_plan=plan.to_json(), state=c.STARTING, **meta)
-    (directory / c.LOG_DIR).mkdir(mode=0o700, exist_ok=True)
-    # The plan's credentials go to the supervisor (and its runs) by environment, never into the store.
-    env = {**os.environ, **plan.secrets_env()}
-    package_root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    log_fd = os.open(directory / c.LOG_DIR / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with open(log_fd, "ab") as log:
-        # A new process session: the supervisor outlives the kernel (and page reloads) that started it.
-        supervisor = subprocess.Popen(
-            [sys.executable, "-m", "workbench.supervisor", "--session", str(directory), *args],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
+    # A failure before the supervisor runs (a full disk, no permission) leaves no half-made session behind.
+    with made_session_dir(name, root) as directory:
+        token = c.new_token()
+        token_path = directory / c.TOKEN_FILE
+        token_path.touch(mode=0o600)
+        token_path.write_text(token)
+        store = Store(directory)
+        store.set_meta(created=time.time(), initial_plan=plan.to_json(), state=c.STARTING, **meta)
+        (directory / c.LOG_DIR).mkdir(mode=0o700, exist_ok=True)
+        # The plan's credentials go to the supervisor (and its runs) by environment, never into the store.
+        env = {**os.environ, **plan.secrets_env()}
+        package_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        log_fd = os.open(directory / c.LOG_DIR / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with open(log_fd, "ab") as log:
+            # A new process session: the supervisor outlives the kernel (and page reloads) that started it.
+            supervisor = subprocess.Popen(
+                [sys.executable, "-m", "workbench.supervisor", "--session", str(directory), *args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
     # Known from the start: a supervisor that dies before it writes a word is seen gone, not "starting" for ever.
     store.set_meta(supervisor_pid=supervisor.pid)
     store.close()
@@ -197,7 +198,7 @@ def mark_lost(store: Store, meta: Mapping[str, Any], directory: Path) -> None:
 def list_sessions(root: Path | None = None) -> pd.DataFrame:
     """The sessions under `root` (default: the workbench home's): id, path, kind, state, created, segments, steps."""
     rows = []
-    for store_path in sorted((root or sessions_root()).glob(f"*/{STORE_FILE}")):
+    for store_path in session_stores(root):
         store = Store(store_path, readonly=True)
         meta = store.meta()
         rows.append(dict(id=store_path.parent.name, path=str(store_path.parent), kind=meta.get("kind"),

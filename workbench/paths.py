@@ -10,11 +10,14 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .bounds import quoted
-from .store import STORE_FILE
+from .store import STORE_FILE, StoreError
 
 HOME_ENV = "VERL_WORKBENCH_HOME"
 PRIVATE_DIR_MODE = 0o700
@@ -61,9 +64,36 @@ def resolve_session_dir(path_or_id: str | os.PathLike | None = None) -> Path:
     return found
 
 
+def session_stores(root: Path | None = None) -> list[Path]:
+    """The store of every session under `root` (default sessions_root()), by path; WorkbenchHomeError (one line)
+    where the folder can't be read."""
+    root = root or sessions_root()
+    try:
+        return sorted(root.glob(f"*/{STORE_FILE}"))
+    except PermissionError as error:
+        raise WorkbenchHomeError(f"cannot read {error.filename or root}: permission denied "
+                                 f"(check {HOME_ENV} and its permissions)") from None
+
+
+@contextmanager
+def made_session_dir(name: str | None = None, root: Path | None = None) -> Iterator[Path]:
+    """A new session directory (new_session_dir) for the block to fill: removed again when the block fails, so a
+    full disk or a missing permission leaves no half-made session (a folder holding a 0-byte token), and an OSError
+    or a store that can't be written is said in one line (WorkbenchHomeError)."""
+    directory = new_session_dir(name, root)
+    try:
+        yield directory
+    except BaseException as error:
+        shutil.rmtree(directory, ignore_errors=True)
+        if isinstance(error, (OSError, StoreError)):
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise WorkbenchHomeError(_cannot(directory.parent, None if root else HOME_ENV, reason)) from None
+        raise
+
+
 def _find_session_dir(path_or_id: str | os.PathLike | None) -> Path | None:
     if path_or_id is None:
-        candidates = sorted(sessions_root().glob(f"*/{STORE_FILE}"), key=lambda p: p.stat().st_mtime)
+        candidates = sorted(session_stores(), key=lambda p: p.stat().st_mtime)
         return candidates[-1].parent if candidates else None
     for candidate in (Path(path_or_id).expanduser(), sessions_root() / str(path_or_id)):
         if (candidate / STORE_FILE).exists():
@@ -73,35 +103,46 @@ def _find_session_dir(path_or_id: str | os.PathLike | None) -> Path | None:
 
 def page_session_dir(session_id: str | None) -> Path:
     """The session a dashboard page names (`?session=ID`): the id of a session under this server's sessions_root(),
-    never a path (no '/', no '..', no symbolic link out); None or '' is the newest session. PageSessionError (one
-    line, naming no server path) otherwise."""
-    root = sessions_root()
+    never a path (no '/', no '..', no symbolic link out); None or '' is the newest such session. PageSessionError
+    (one line, naming no server path) otherwise."""
     if not session_id:
         try:
-            return resolve_session_dir(None)
-        except (FileNotFoundError, WorkbenchHomeError):
-            raise PageSessionError("no session on this server yet: start one (verl-workbench up)") from None
+            stores = sorted(session_stores(), key=lambda p: p.stat().st_mtime, reverse=True)
+        except (OSError, WorkbenchHomeError):
+            stores = []
+        for store in stores:
+            if _inside_sessions_root(store.parent):
+                return store.parent
+        raise PageSessionError("no session on this server yet: start one (verl-workbench up)")
     if not SESSION_ID.fullmatch(session_id):
         raise PageSessionError(f"session={quoted(session_id, 80)} is not a session id (letters, digits, '.', '-', "
                                "'_'): use the URL `verl-workbench up` printed")
-    directory = root / session_id
-    try:
-        found = directory.resolve(strict=True).parent == root.resolve() and (directory / STORE_FILE).is_file()
-    except OSError:
-        found = False
-    if not found:
+    directory = sessions_root() / session_id
+    if not _inside_sessions_root(directory):
         raise PageSessionError(f"no session {session_id!r} on this server: use the URL `verl-workbench up` printed")
     return directory
+
+
+def _inside_sessions_root(directory: Path) -> bool:
+    """A session directory itself under sessions_root() (a symbolic link out of it is not), holding a store."""
+    try:
+        return (directory.resolve(strict=True).parent == sessions_root().resolve()
+                and (directory / STORE_FILE).is_file())
+    except OSError:
+        return False
 
 
 def private_dir(path: Path, what: str | None = None) -> Path:
     """Make `path` and its missing parents as directories only their owner can enter (0700); `what` names the
     setting that chose the place, for the one-line WorkbenchHomeError when it can't be made."""
     missing = []
-    for directory in (path, *path.parents):
-        if directory.is_dir():
-            break
-        missing.append(directory)
+    try:
+        for directory in (path, *path.parents):
+            if directory.is_dir():
+                break
+            missing.append(directory)
+    except PermissionError as error:
+        raise WorkbenchHomeError(_cannot(path, what, f"cannot enter {error.filename}: permission denied")) from None
     for directory in reversed(missing):
         try:
             directory.mkdir(mode=PRIVATE_DIR_MODE)

@@ -230,13 +230,24 @@ class Store:
         if self.readonly:
             raise StoreError("this store was opened read-only")
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._rollback()
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as error:  # e.g. a full disk: said in one line, the transaction undone
+                self._rollback()
+                raise StoreError(f"cannot write the session store {self.path}: {error}") from None
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            try:
                 self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            except sqlite3.Error:  # SQLite rolled back itself (a full disk may do that)
+                pass
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         with self._lock:

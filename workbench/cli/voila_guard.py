@@ -39,6 +39,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 from traitlets import Bool, Float, Integer
+from voila import __version__ as voila_version
 from voila.app import Voila
 from voila.execute import VoilaExecutor
 from voila.tornado.handler import TornadoVoilaHandler
@@ -274,7 +275,12 @@ class GuardedVoila(Voila):
 
     def init_handlers(self):
         swap = {VoilaKernelWebsocketHandler: GuardedKernelWebsocketHandler, TornadoVoilaHandler: GuardedVoilaHandler}
-        return [(spec[0], swap.get(spec[1], spec[1]), *spec[2:]) for spec in super().init_handlers()]
+        handlers = super().init_handlers()
+        missing = set(swap) - {spec[1] for spec in handlers}
+        if missing:  # another Voila: serving it unguarded is not an option
+            raise RuntimeError(f"voila {voila_version} serves no {', '.join(c.__name__ for c in missing)}: the "
+                               "dashboard guard (workbench/cli/voila_guard.py) must be brought up to date with it")
+        return [(spec[0], swap.get(spec[1], spec[1]), *spec[2:]) for spec in handlers]
 
 
 def main(argv: list[str] | None = None) -> None:

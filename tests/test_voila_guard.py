@@ -1,0 +1,107 @@
+"""The dashboard server's guard without a server: the v1 frame check, log redaction, one-line page errors and the
+page URL's session lookup (tests/test_probe_server.py sends the same attacks to a served page)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+
+import pytest
+from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
+
+from workbench.cli.voila_guard import MAX_MESSAGE_BYTES, one_line_cell_errors, redact, v1_frame_problem
+from workbench.paths import PageSessionError, page_session_dir
+
+
+def frame(msg_type="comm_msg", channel="shell", buffers=(), header=None) -> bytes:
+    header = header if header is not None else json.dumps({"msg_id": "1", "msg_type": msg_type}).encode()
+    return serialize_msg_to_ws_v1([header, b"{}", b"{}", b'{"data": {}}', *buffers], channel)
+
+
+@pytest.mark.parametrize("good", [
+    frame(), frame("comm_open"), frame("comm_close"), frame("comm_info_request"),
+    frame("kernel_info_request", channel="shell"), frame("comm_msg", buffers=[b"\x00" * 1000, b"\x01" * 10]),
+])
+def test_what_a_page_sends_passes(good):
+    assert v1_frame_problem(good) is None
+
+
+@pytest.mark.parametrize("bad, words", [
+    (struct.pack("<Q", 2 ** 62) + b"\0" * 64, "offsets"),
+    (b"\xff" * 8, "offsets"),
+    (b"abc", "shorter"),
+    (struct.pack("<Q", 6) + b"\0" * 8, "too short"),
+    (frame()[:-1], "tile"),
+    (frame() + b"x", "tile"),
+    (frame(channel="nowhere"), "channel"),
+    (frame(header=b"[" * 5000 + b"]" * 5000), "JSON object"),
+    (frame(header=b"not json"), "JSON object"),
+    (frame(header=b'{"msg_type": "x", "y": "' + b"z" * 70_000 + b'"}'), "header is"),
+    (frame("execute_request"), "execute_request"),
+    (frame("inspect_request"), "inspect_request"),
+    (frame("complete_request"), "complete_request"),
+    (frame("debug_request", channel="control"), "debug_request"),
+    (frame("history_request"), "history_request"),
+    (frame(buffers=[b""] * 100), "offsets"),
+    ('{"header": {"msg_type": "execute_request"}}', "text message"),
+])
+def test_a_bad_frame_is_named_before_anything_parses_it(bad, words):
+    started = time.perf_counter()
+    problem = v1_frame_problem(bad)
+    assert problem is not None and words in problem, problem
+    assert time.perf_counter() - started < 0.05, "checking a frame must not cost what it claims"
+    assert len(problem) < 200 and "\n" not in problem
+
+
+def test_the_message_cap_is_above_what_a_page_sends_and_below_tornados_default():
+    assert 64 * 1024 < MAX_MESSAGE_BYTES < 10 * 1024 * 1024
+
+
+def test_logs_lose_kernel_ids_and_tokens_but_keep_a_tag():
+    kernel = "badb36e8-c4f4-4668-bc8e-039d98b9b2ce"
+    line = f"Kernel started: {kernel} GET /?session=x&token=42dc95c696c1777afbdea3b42cf8474b (127.0.0.1)"
+    redacted = redact(line)
+    assert kernel not in redacted and "42dc95c6" not in redacted
+    assert redact(kernel) == redact(kernel.upper()) and redact(kernel).startswith("kernel#")
+    assert "token=<hidden>" in redacted
+
+
+def test_a_page_error_is_one_line_without_traceback_or_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("VERL_WORKBENCH_HOME", str(tmp_path))
+    cell = {"cell_type": "code", "outputs": [{
+        "output_type": "error", "ename": "StoreError", "evalue": f"{tmp_path}/sessions/x is not a session store\nmore",
+        "traceback": ["Traceback (most recent call last):", '  File "/srv/x.py", line 1', "StoreError: ..."]}]}
+    output = one_line_cell_errors(None, cell)["outputs"][0]
+    assert output["traceback"] == [output["evalue"]]
+    assert output["evalue"] == "StoreError: $VERL_WORKBENCH_HOME/sessions/x is not a session store"
+
+
+@pytest.fixture
+def sessions(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_WORKBENCH_HOME", str(tmp_path / "home"))
+    root = tmp_path / "home" / "sessions"
+    (root / "20261201-093000-replay-h200-proof-1a2b3c").mkdir(parents=True)
+    (root / "20261201-093000-replay-h200-proof-1a2b3c" / "session.sqlite").write_bytes(b"")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "session.sqlite").write_bytes(b"")
+    (root / "linked-out").symlink_to(elsewhere)
+    return root, elsewhere
+
+
+def test_a_page_names_a_session_of_this_server_by_id(sessions):
+    root, _ = sessions
+    assert page_session_dir("20261201-093000-replay-h200-proof-1a2b3c") == root / "20261201-093000-replay-h200-proof-1a2b3c"
+    assert page_session_dir(None).name == "20261201-093000-replay-h200-proof-1a2b3c"
+
+
+@pytest.mark.parametrize("value", ["../elsewhere", "/tmp", "..", ".", "linked-out", "nope", "a/b", "x" * 300,
+                                   "20261201-093000-replay-h200-proof-1a2b3c/..", "~", "a\nb", "%2e%2e"])
+def test_a_page_cannot_name_a_path(sessions, value):
+    root, elsewhere = sessions
+    with pytest.raises(PageSessionError) as refused:
+        page_session_dir(value)
+    message = str(refused.value)
+    assert "\n" not in message and str(root) not in message and str(elsewhere) not in message
+    assert len(message) < 250
