@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 V1 = "v1.kernel.websocket.jupyter.org"
 MAX_PAGES = 3
-PAGE_GRACE_S = 5
+PAGE_GRACE_S = 20  # longer than a loaded machine takes from a rendered page to its websocket
 CULL_WITHIN_S = 90  # grace + the culler's 10 s interval + a kernel's shutdown, on a loaded 2-core machine
 ANSWER_S = 1.0
 ATTACK_S = 30
@@ -80,14 +81,27 @@ def answer_time(up: Up) -> float:
     return time.perf_counter() - started
 
 
-def render(url: str) -> str:
-    """GET a dashboard page (its kernel runs the notebook); the kernel id the page carries."""
-    with urllib.request.urlopen(url, timeout=300) as page:
-        return re.search(r'kernelId": "([0-9a-f-]{36})"', page.read().decode()).group(1)
+@dataclass(frozen=True)
+class Page:
+    """A rendered dashboard page: its kernel's id and the cookie the server gave the page for it."""
+
+    kernel_id: str
+    cookie: str
 
 
-def channels_url(up: Up, kernel_id: str) -> str:
-    return base_url(up).replace("http://", "ws://") + f"api/kernels/{kernel_id}/channels?session_id={uuid.uuid4()}"
+def render(url: str) -> Page:
+    """GET a dashboard page (its kernel runs the notebook), as a browser does."""
+    with urllib.request.urlopen(url, timeout=300) as answer:
+        html, cookies = answer.read().decode(), answer.headers.get_all("Set-Cookie") or []
+    kernel_id = re.search(r'kernelId": "([0-9a-f-]{36})"', html).group(1)
+    return Page(kernel_id, "; ".join(cookie.split(";")[0] for cookie in cookies))
+
+
+def channels(up: Up, page: Page, *, cookie: bool = True, **options):
+    """A kernel websocket to the page's kernel (a fresh session id, as a page makes), with the page's cookie."""
+    url = base_url(up).replace("http://", "ws://") + f"api/kernels/{page.kernel_id}/channels?session_id={uuid.uuid4()}"
+    return connect(url, additional_headers={"Cookie": page.cookie} if cookie else None,
+                   **{"open_timeout": 60, **options})
 
 
 def v1_frame(msg_type: str = "comm_info_request", channel: str = "shell", content: bytes = b"{}",
@@ -139,19 +153,34 @@ BAD_FRAMES = [
 
 # ------------------------------------------------------------------------------------------------ the probes
 def test_a_kernel_websocket_without_the_v1_subprotocol_is_refused(up):
-    kernel_id = render(up.viewer_url)
+    page = render(up.viewer_url)
     with pytest.raises(InvalidStatus) as refused:
-        connect(channels_url(up, kernel_id), open_timeout=30)
+        channels(up, page, open_timeout=30)
     assert refused.value.response.status_code == 400
     assert b"v1.kernel.websocket.jupyter.org" in refused.value.response.body
     assert answer_time(up) < ANSWER_S
 
 
+def test_a_kernel_id_without_its_page_reaches_nothing(up):
+    """A kernel id read from a process list or an old log: without the cookie its page got, refused (403)."""
+    other = render(up.viewer_url)  # its cookie, not its kernel, is used below
+    page = render(up.viewer_url)
+    assert "wb-page-" in page.cookie
+    with pytest.raises(InvalidStatus) as refused:
+        channels(up, page, cookie=False, subprotocols=[V1])
+    assert refused.value.response.status_code == 403
+    with pytest.raises(InvalidStatus):  # another page's cookie opens only its own kernel
+        channels(up, Page(page.kernel_id, other.cookie), subprotocols=[V1])
+    with channels(up, page, subprotocols=[V1]) as ws:
+        ws.send(v1_frame("kernel_info_request"))
+        assert wait_for_reply(ws, "kernel_info_reply")
+
+
 @pytest.mark.parametrize("what, frame, code", BAD_FRAMES, ids=[case[0] for case in BAD_FRAMES])
 def test_a_bad_v1_frame_closes_its_own_connection_only(up, what, frame, code):
-    kernel_id = render_once(up)
+    page = render_once(up)
     rss_before = server(up).memory_info().rss
-    with connect(channels_url(up, kernel_id), subprotocols=[V1], open_timeout=60, max_size=None) as ws:
+    with channels(up, page, subprotocols=[V1], max_size=None) as ws:
         try:
             ws.send(frame)
             closed_with = close_code(ws)
@@ -160,20 +189,20 @@ def test_a_bad_v1_frame_closes_its_own_connection_only(up, what, frame, code):
         assert closed_with == code, what
     assert answer_time(up) < ANSWER_S
     assert server(up).memory_info().rss - rss_before < 50 * 2 ** 20, "the server's memory grew"
-    with connect(channels_url(up, kernel_id), subprotocols=[V1], open_timeout=60) as ws:  # the kernel still serves
+    with channels(up, page, subprotocols=[V1]) as ws:  # the kernel still serves
         ws.send(v1_frame("kernel_info_request"))
         assert wait_for_reply(ws, "kernel_info_reply")
 
 
-_rendered: dict[str, str] = {}
+_rendered: dict[str, Page] = {}
 
 
-def render_once(up: Up) -> str:
+def render_once(up: Up) -> Page:
     """One viewer page for the frame probes (its kernel outlives each probe's connection by the grace time)."""
-    kernel_id = _rendered.get("viewer")
-    if kernel_id is None or not any(kernel_id in " ".join(p.cmdline()) for p in page_kernels(up)):
-        kernel_id = _rendered["viewer"] = render(up.viewer_url)
-    return kernel_id
+    page = _rendered.get("viewer")
+    if page is None or not any(page.kernel_id in " ".join(p.cmdline()) for p in page_kernels(up)):
+        page = _rendered["viewer"] = render(up.viewer_url)
+    return page
 
 
 def wait_for_reply(ws, msg_type: str, timeout: float = 60.0) -> bool:
@@ -231,7 +260,7 @@ def test_the_operators_page_keeps_updating_while_hostile_clients_are_connected(u
     the status bar's step) keeps changing."""
     page = open_dashboard(browser, up.operator_url)
     wait_until(lambda: any(chart_drawn(page).values()), 120, "the operator's charts drawn")
-    kernel_id = render(up.viewer_url)
+    viewer = render(up.viewer_url)
     stop = threading.Event()
     errors: list[str] = []
 
@@ -239,11 +268,12 @@ def test_the_operators_page_keeps_updating_while_hostile_clients_are_connected(u
         while not stop.is_set():
             try:
                 if send_frames:
-                    with connect(channels_url(up, kernel_id), subprotocols=[V1], open_timeout=30) as ws:
+                    with channels(up, viewer, subprotocols=[V1], open_timeout=30) as ws:
                         ws.send(BAD_FRAMES[0][1])
                         close_code(ws, timeout=5)
                 else:
-                    connect(channels_url(up, kernel_id), open_timeout=30).close()
+                    with channels(up, viewer, open_timeout=30):
+                        pass
             except (InvalidStatus, ConnectionClosed, TimeoutError, OSError):
                 pass
             except Exception as error:  # noqa: BLE001 — anything else is the probe's own failure
@@ -254,7 +284,7 @@ def test_the_operators_page_keeps_updating_while_hostile_clients_are_connected(u
     answers = []
     first = what_the_operator_sees(page)
     # a client that connects and never reads: the server holds at most MAX_UNREAD_BYTES for it
-    with connect(channels_url(up, kernel_id), subprotocols=[V1], open_timeout=60, max_size=None, max_queue=1):
+    with channels(up, viewer, subprotocols=[V1], max_size=None, max_queue=1):
         for thread in threads:
             thread.start()
         try:

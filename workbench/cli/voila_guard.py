@@ -19,6 +19,9 @@ upstream, voila 0.5.13 / jupyter_server 2.21.1; re-check them when either moves)
 - **Page kernels end when their page is gone:** a kernel with no websocket for `page_grace_s` (and not busy) is shut
   down, whatever its activity; at most `max_pages` page kernels run at once, and a page beyond them is refused with
   a 503 that says so (PageKernelManager).
+- **A kernel id alone reaches nothing:** the page that started a kernel gets a cookie for it (HttpOnly, SameSite
+  Strict, an HMAC of the kernel id under a secret of this server run); its kernel websocket is refused (403) without
+  it, so an id read from a process list or an old log can't drive the operator's page.
 - **A page serves only this server's sessions:** `?session=` must name a session id under the server's home
   (paths.page_session_dir): anything else is a 404 in one line, before a kernel starts.
 - **Logs hold no kernel ids or operator tokens**: each is replaced, in every log record of this process, by a tag
@@ -27,13 +30,17 @@ upstream, voila 0.5.13 / jupyter_server 2.21.1; re-check them when either moves)
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import hmac
 import json
 import logging
 import re
+import secrets
 import sys
 import time
 
+from jupyter_server.base.call_context import CallContext
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -109,6 +116,15 @@ def _outgoing_msg_type(frame: bytes) -> str | None:
         return None
 
 
+_PAGE_SECRET = secrets.token_bytes(32)  # this server run's: a restart ends every page anyway
+
+
+def page_cookie(kernel_id: str) -> tuple[str, str]:
+    """The cookie (name, value) that lets the page that started `kernel_id` connect to it."""
+    digest = hmac.new(_PAGE_SECRET, kernel_id.encode(), hashlib.sha256).hexdigest()
+    return f"wb-page-{digest[:12]}", digest[12:]
+
+
 class OneLineErrors:
     """An error answer in one line of plain text (the server has no error page of its own to render)."""
 
@@ -127,6 +143,10 @@ class GuardedKernelWebsocketHandler(OneLineErrors, VoilaKernelWebsocketHandler):
         if V1_PROTOCOL not in offered:
             self.log.warning("refused a kernel websocket without the %s subprotocol", V1_PROTOCOL)
             raise web.HTTPError(400, f"this server speaks the {V1_PROTOCOL} kernel protocol only")
+        name, value = page_cookie(kernel_id)
+        if not hmac.compare_digest(self.get_cookie(name, "").encode(), value.encode()):
+            self.log.warning("refused a kernel websocket from outside the page that started kernel %s", kernel_id)
+            raise web.HTTPError(403, "only the page that started this kernel may connect to it")
         await super().get(kernel_id)
 
     def select_subprotocol(self, subprotocols):
@@ -197,6 +217,10 @@ class PageKernelManager(AsyncMappingKernelManager):
         finally:
             self._starting -= 1
         self._alone_since[kernel_id] = time.monotonic()
+        page = CallContext.get(CallContext.JUPYTER_HANDLER)
+        if isinstance(page, GuardedVoilaHandler):  # the page being rendered: its headers are not sent yet
+            name, value = page_cookie(kernel_id)
+            page.set_cookie(name, value, path=page.base_url, httponly=True, samesite="Strict")
         return kernel_id
 
     def notify_connect(self, kernel_id):
@@ -211,7 +235,10 @@ class PageKernelManager(AsyncMappingKernelManager):
     async def shutdown_kernel(self, kernel_id, now=False, restart=False):
         if not restart:
             self._alone_since.pop(kernel_id, None)
-        return await super().shutdown_kernel(kernel_id, now=now, restart=restart)
+        try:
+            return await super().shutdown_kernel(kernel_id, now=now, restart=restart)
+        finally:
+            give_back_freed_memory()
 
     async def cull_kernel_if_idle(self, kernel_id):
         kernel = self._kernels[kernel_id]
@@ -223,6 +250,15 @@ class PageKernelManager(AsyncMappingKernelManager):
             await self.shutdown_kernel(kernel_id)
             return
         await super().cull_kernel_if_idle(kernel_id)
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap a page's traffic freed to the system (glibc keeps freed chunks for reuse otherwise: the
+    server's memory would stay at its high-water mark after the pages are gone). A no-op off glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 # ------------------------------------------------------------------------------------------------ logs
