@@ -10,7 +10,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CPU_MEASURES = ("poll_cost", "samples_cost", "apply_latency_replay", "dashboard_refresh", "page_open", "startup_phases")
+CPU_MEASURES = ("poll_cost", "samples_cost", "apply_latency_replay", "dashboard_refresh", "page_open", "startup_phases",
+                "page_memory")
 # Measured on a GPU by bench/gpu/campaign.sh (its drivers write these results); listed so the table knows them.
 GPU_MEASURES = ("tuning_speedup", "hot_apply_latency", "restart_vs_cold", "overhead", "sampler_cost")
 
