@@ -298,28 +298,18 @@ def test_an_unreadable_home_gets_one_line(call, tmp_path):
 
 @pytest.fixture
 def full_disk(tmp_path, monkeypatch):
-    """A 32 MB tmpfs as VERL_WORKBENCH_HOME, filled up to its last byte when the test says (root only: mounting needs CAP_SYS_ADMIN)."""
-    import shutil
+    """A 32 MB tmpfs as VERL_WORKBENCH_HOME, and what fills it to its last byte (root only: mounting needs
+    CAP_SYS_ADMIN)."""
     import subprocess
 
+    from tests.test_faults import _fill, _mount_tmpfs
+
     mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(mount)], capture_output=True).returncode:
+    if not _mount_tmpfs(mount, "32m"):
         pytest.skip("mounting a small tmpfs needs root")
     monkeypatch.setenv("VERL_WORKBENCH_HOME", str(mount / "home"))
     (mount / "home" / "sessions").mkdir(parents=True)
-
-    def fill() -> None:
-        with open(mount / "filler", "ab") as filler:
-            try:
-                while True:
-                    filler.write(b"\0" * 65536)
-                    filler.flush()
-            except OSError:
-                pass
-
-    yield mount, fill
+    yield mount, lambda: _fill(mount / "filler")
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
