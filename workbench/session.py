@@ -37,7 +37,7 @@ from .paths import resolve_session_dir
 from .plan import Plan, PlanError
 from .predict import Prediction, closest_cost
 from .predict import predict as predict_plan
-from .procs import kill_tree, process_alive, wait_gone
+from .procs import process_alive, wait_gone
 from .recordings import recorded_plans
 from .store import Store, StoreError
 
@@ -286,9 +286,6 @@ class Session:
             return self._status_words()
         try:
             self._command(c.STOP, {"now": now, "checkpoint": checkpoint})
-        except StoreError as error:  # the store can't take the stop (a full disk): its supervisor is ended instead
-            kill_tree(int(self.meta["supervisor_pid"]))
-            return f"session {self.id}: {error}; its supervisor and run were ended instead"
         except RuntimeError:
             if self.supervisor_alive():
                 raise
