@@ -153,7 +153,7 @@ BAD_FRAMES = [
 
 # ------------------------------------------------------------------------------------------------ the probes
 def test_a_kernel_websocket_without_the_v1_subprotocol_is_refused(up):
-    page = render(up.viewer_url)
+    page = render_once(up)
     with pytest.raises(InvalidStatus) as refused:
         channels(up, page, open_timeout=30)
     assert refused.value.response.status_code == 400
@@ -163,7 +163,7 @@ def test_a_kernel_websocket_without_the_v1_subprotocol_is_refused(up):
 
 def test_a_kernel_id_without_its_page_reaches_nothing(up):
     """A kernel id read from a process list or an old log: without the cookie its page got, refused (403)."""
-    other = render(up.viewer_url)  # its cookie, not its kernel, is used below
+    other = render_once(up)  # its cookie, not its kernel, is used below
     page = render(up.viewer_url)
     assert "wb-page-" in page.cookie
     with pytest.raises(InvalidStatus) as refused:
@@ -198,7 +198,8 @@ _rendered: dict[str, Page] = {}
 
 
 def render_once(up: Up) -> Page:
-    """One viewer page for the frame probes (its kernel outlives each probe's connection by the grace time)."""
+    """One viewer page for the probes that need any page (its kernel outlives each probe's connection by the grace
+    time): the module stays within its cap of MAX_PAGES pages."""
     page = _rendered.get("viewer")
     if page is None or not any(page.kernel_id in " ".join(p.cmdline()) for p in page_kernels(up)):
         page = _rendered["viewer"] = render(up.viewer_url)
@@ -260,7 +261,7 @@ def test_the_operators_page_keeps_updating_while_hostile_clients_are_connected(u
     the status bar's step) keeps changing."""
     page = open_dashboard(browser, up.operator_url)
     wait_until(lambda: any(chart_drawn(page).values()), 120, "the operator's charts drawn")
-    viewer = render(up.viewer_url)
+    viewer = render_once(up)
     stop = threading.Event()
     errors: list[str] = []
 
@@ -321,10 +322,20 @@ def test_page_kernels_end_when_their_pages_are_gone_and_a_page_past_the_cap_is_r
     """Plain GETs that never connect (the issue's 21 GETs holding 10 GB): at most MAX_PAGES kernels, the next page
     refused in one line, and every kernel gone within CULL_WITHIN_S of its page."""
     wait_until(lambda: not page_kernels(up) or None, CULL_WITHIN_S, "the earlier probes' kernels ended")
-    renders = [threading.Thread(target=render, args=(up.viewer_url,), daemon=True) for _ in range(MAX_PAGES)]
+    failed: list[str] = []  # a render that fails ends the wait below with its reason (a 503: the count was wrong)
+
+    def render_page() -> None:
+        try:
+            render(up.viewer_url)
+        except Exception as error:  # noqa: BLE001 — reported by the test itself
+            failed.append(repr(error))
+
+    renders = [threading.Thread(target=render_page, daemon=True) for _ in range(MAX_PAGES)]
     for thread in renders:
         thread.start()
-    wait_until(lambda: len(page_kernels(up)) >= MAX_PAGES or None, 120, f"{MAX_PAGES} pages rendering")
+        time.sleep(1)  # pages arriving one after another, each while the one before is still starting
+    wait_until(lambda: failed or len(page_kernels(up)) >= MAX_PAGES or None, 120, f"{MAX_PAGES} pages rendering")
+    assert not failed, failed
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(up.viewer_url, timeout=60)
     body = refused.value.read().decode()

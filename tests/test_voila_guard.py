@@ -1,16 +1,24 @@
-"""The dashboard server's guard without a server: the v1 frame check, log redaction, one-line page errors and the
-page URL's session lookup (tests/test_probe_server.py sends the same attacks to a served page)."""
+"""The dashboard server's guard without a server: the v1 frame check, log redaction, one-line page errors, the
+page URL's session lookup and the page kernels' cap and grace (tests/test_probe_server.py sends the same attacks to a
+served page)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
+from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado import web
 
-from workbench.cli.voila_guard import MAX_MESSAGE_BYTES, one_line_cell_errors, redact, v1_frame_problem
+from workbench.cli.voila_guard import (MAX_MESSAGE_BYTES, PageKernelManager, one_line_cell_errors, redact,
+                                       v1_frame_problem)
 from workbench.paths import PageSessionError, page_session_dir
 
 
@@ -105,3 +113,86 @@ def test_a_page_cannot_name_a_path(sessions, value):
     message = str(refused.value)
     assert "\n" not in message and str(root) not in message and str(elsewhere) not in message
     assert len(message) < 250
+
+
+# ------------------------------------------------------------------------------------------------ page kernels
+def run(coroutine):
+    """The manager's coroutine on a loop of its own thread (independent of any loop this thread may hold)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+@pytest.fixture
+def manager(monkeypatch):
+    """A PageKernelManager whose kernels are stand-ins: each enters the manager's table before its start returns,
+    as jupyter_client's do, and its start takes STARTUP_S; shutdowns are recorded."""
+
+    async def start(self, *, kernel_id=None, **kwargs):
+        self._kernels[kernel_id] = SimpleNamespace(execution_state="idle", kernel_name="python3", last_activity=utcnow(),
+                                                   kernel_spec=SimpleNamespace(metadata={}))
+        self._kernel_connections[kernel_id] = 0
+        await asyncio.sleep(STARTUP_S)
+        return kernel_id
+
+    monkeypatch.setattr(AsyncMappingKernelManager, "start_kernel", start)
+    pages = PageKernelManager(max_pages=3, page_grace_s=GRACE_S)
+    pages.ended = []
+
+    async def shutdown(kernel_id, now=False, restart=False):
+        pages.ended.append(kernel_id)
+        pages._kernels.pop(kernel_id)
+
+    pages.shutdown_kernel = shutdown
+    return pages
+
+
+STARTUP_S = 0.1
+GRACE_S = 0.2
+
+
+def test_pages_arriving_while_others_start_fill_the_cap_and_the_next_is_refused(manager):
+    """Each page arrives while the one before is still starting (a loaded server): three fit a cap of three."""
+
+    async def pages():
+        starts = []
+        for _ in range(3):
+            starts.append(asyncio.create_task(manager.start_kernel(kernel_name="python3")))
+            await asyncio.sleep(STARTUP_S / 4)
+        started = await asyncio.gather(*starts)
+        with pytest.raises(web.HTTPError) as refused:
+            await manager.start_kernel(kernel_name="python3")
+        return started, refused.value
+
+    started, refused = run(pages())
+    assert len(set(started)) == 3 and manager.page_kernels() == 3
+    assert refused.status_code == 503 and "serves 3 pages at once" in refused.log_message
+
+
+def test_a_page_kernel_is_never_ended_while_its_page_renders_and_is_after_the_grace(manager):
+    """On a loaded machine a page's kernel can take longer to start and run the notebook than the grace time: it is
+    not alone until its page was sent; then it ends GRACE_S after, unless the page connected, until it leaves."""
+
+    async def story():
+        rendering, connected = [await manager.start_kernel(kernel_name="python3") for _ in range(2)]
+        for kernel in (rendering, connected):
+            manager.page_rendering(kernel)
+        await asyncio.sleep(2 * GRACE_S)
+        for kernel in (rendering, connected):
+            await manager.cull_kernel_if_idle(kernel)
+        seen = {"while rendering": list(manager.ended)}
+        manager.notify_connect(connected)  # its page connected before the last of it was sent
+        for kernel in (rendering, connected):
+            manager.page_rendered(kernel)
+        await asyncio.sleep(2 * GRACE_S)
+        for kernel in (rendering, connected):
+            await manager.cull_kernel_if_idle(kernel)
+        seen["a grace after the pages were sent"] = list(manager.ended)
+        manager.notify_disconnect(connected)
+        await asyncio.sleep(2 * GRACE_S)
+        await manager.cull_kernel_if_idle(connected)
+        seen["a grace after the connected page left"] = list(manager.ended)
+        return rendering, connected, seen
+
+    rendering, connected, seen = run(story())
+    assert seen == {"while rendering": [], "a grace after the pages were sent": [rendering],
+                    "a grace after the connected page left": [rendering, connected]}

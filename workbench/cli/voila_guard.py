@@ -16,9 +16,10 @@ upstream, voila 0.5.13 / jupyter_server 2.21.1; re-check them when either moves)
   reading is dropped once MAX_UNREAD_BYTES wait for it, instead of the server buffering the charts for it forever.
 - **No code runs from a page:** only comm and kernel-info messages reach a kernel (execute, inspect, complete and
   debug requests are dropped: Voila's own list, checked here again), and pages get no tracebacks.
-- **Page kernels end when their page is gone:** a kernel with no websocket for `page_grace_s` (and not busy) is shut
-  down, whatever its activity; at most `max_pages` page kernels run at once, and a page beyond them is refused with
-  a 503 that says so (PageKernelManager).
+- **Page kernels end when their page is gone:** a kernel with no websocket for `page_grace_s` after its page was
+  rendered (and not busy) is shut down, whatever its activity; a kernel still rendering its page is never (on a
+  loaded machine its start alone can outlast the grace); at most `max_pages` page kernels run or start at once,
+  and a page beyond them is refused with a 503 that says so (PageKernelManager).
 - **A kernel id alone reaches nothing:** the page that started a kernel gets a cookie for it (HttpOnly, SameSite
   Strict, an HMAC of the kernel id under a secret of this server run); its kernel websocket is refused (403) without
   it, so an id read from a process list or an old log can't drive the operator's page.
@@ -178,7 +179,10 @@ class GuardedKernelWebsocketHandler(OneLineErrors, VoilaKernelWebsocketHandler):
 
 
 class GuardedVoilaHandler(OneLineErrors, TornadoVoilaHandler):
-    """The page: `?session=` checked against this server's sessions before a kernel starts."""
+    """The page: `?session=` checked against this server's sessions before a kernel starts; its kernel's grace time
+    starts once the page is rendered (or its client gone)."""
+
+    kernel_id: str | None = None  # the kernel started for this page (PageKernelManager.start_kernel sets it)
 
     async def prepare(self):
         await super().prepare()
@@ -188,9 +192,22 @@ class GuardedVoilaHandler(OneLineErrors, TornadoVoilaHandler):
         except PageSessionError as error:
             raise web.HTTPError(404, str(error)) from None
 
+    def on_finish(self):
+        super().on_finish()
+        self._rendered()
+
+    def on_connection_close(self):
+        super().on_connection_close()
+        self._rendered()
+
+    def _rendered(self):
+        if self.kernel_id is not None:
+            self.kernel_manager.page_rendered(self.kernel_id)
+
 
 class PageKernelManager(AsyncMappingKernelManager):
-    """Page kernels, at most `max_pages`, each shut down `page_grace_s` after its last websocket closed."""
+    """Page kernels, at most `max_pages`, each shut down `page_grace_s` after its page was rendered and its last
+    websocket closed."""
 
     max_pages = Integer(DEFAULT_MAX_PAGES, config=True, help="page kernels running at once (more are refused)")
     page_grace_s = Float(DEFAULT_PAGE_GRACE_S, config=True,
@@ -203,25 +220,47 @@ class PageKernelManager(AsyncMappingKernelManager):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.allowed_message_types = list(ALLOWED_MESSAGE_TYPES)
-        self._starting = 0
-        self._alone_since: dict[str, float] = {}  # kernel id -> when its last websocket closed (or it started)
+        self._starting: set[str] = set()  # ids of kernels being started (not all in self._kernels yet)
+        self._rendering: set[str] = set()  # kernels whose page is still being rendered: never alone
+        self._alone_since: dict[str, float] = {}  # kernel id -> when its page was rendered or its last websocket closed
+
+    def page_kernels(self) -> int:
+        """Kernels running or starting, each counted once (a starting kernel enters self._kernels before its start
+        returns)."""
+        return len(self._starting | set(self._kernels))
 
     async def start_kernel(self, **kwargs):
-        if len(self._kernels) + self._starting >= self.max_pages:
+        if self.page_kernels() >= self.max_pages:
             self.log.warning("refused a page: %d page kernels run already", self.max_pages)
             raise web.HTTPError(503, f"this dashboard serves {self.max_pages} pages at once and all are open: close "
                                      f"one (its kernel ends within {self.page_grace_s:.0f} s) and reload")
-        self._starting += 1
+        kernel_id = kwargs.pop("kernel_id", None) or self.new_kernel_id()
+        self._starting.add(kernel_id)
         try:
-            kernel_id = await super().start_kernel(**kwargs)
+            await super().start_kernel(kernel_id=kernel_id, **kwargs)
         finally:
-            self._starting -= 1
-        self._alone_since[kernel_id] = time.monotonic()
+            self._starting.discard(kernel_id)
         page = CallContext.get(CallContext.JUPYTER_HANDLER)
         if isinstance(page, GuardedVoilaHandler):  # the page being rendered: its headers are not sent yet
             name, value = page_cookie(kernel_id)
             page.set_cookie(name, value, path=page.base_url, httponly=True, samesite="Strict")
+            page.kernel_id = kernel_id
+            self.page_rendering(kernel_id)
+        else:
+            self._alone_since[kernel_id] = time.monotonic()
         return kernel_id
+
+    def page_rendering(self, kernel_id):
+        """The kernel's page is being rendered: not alone, whatever its state, until page_rendered."""
+        self._rendering.add(kernel_id)
+        self._alone_since.pop(kernel_id, None)
+
+    def page_rendered(self, kernel_id):
+        """The kernel's page was sent (or its client left): its grace time starts unless a page is connected."""
+        if kernel_id in self._rendering:
+            self._rendering.discard(kernel_id)
+            if self._kernel_connections.get(kernel_id, 0) <= 0:
+                self._alone_since[kernel_id] = time.monotonic()
 
     def notify_connect(self, kernel_id):
         super().notify_connect(kernel_id)
@@ -229,12 +268,13 @@ class PageKernelManager(AsyncMappingKernelManager):
 
     def notify_disconnect(self, kernel_id):
         super().notify_disconnect(kernel_id)
-        if self._kernel_connections.get(kernel_id, 1) <= 0:
+        if self._kernel_connections.get(kernel_id, 1) <= 0 and kernel_id not in self._rendering:
             self._alone_since[kernel_id] = time.monotonic()
 
     async def shutdown_kernel(self, kernel_id, now=False, restart=False):
         if not restart:
             self._alone_since.pop(kernel_id, None)
+            self._rendering.discard(kernel_id)
         try:
             return await super().shutdown_kernel(kernel_id, now=now, restart=restart)
         finally:
@@ -244,7 +284,7 @@ class PageKernelManager(AsyncMappingKernelManager):
         kernel = self._kernels[kernel_id]
         alone_since = self._alone_since.get(kernel_id)
         if alone_since is not None and getattr(kernel, "execution_state", None) == "busy":
-            self._alone_since[kernel_id] = alone_since = time.monotonic()  # rendering its page: not alone yet
+            self._alone_since[kernel_id] = alone_since = time.monotonic()  # answering its page's last message
         if alone_since is not None and time.monotonic() - alone_since > self.page_grace_s:
             self.log.info("ending page kernel %s: no page for %.0f s", kernel_id, time.monotonic() - alone_since)
             await self.shutdown_kernel(kernel_id)
