@@ -335,7 +335,7 @@ def test_stop_on_a_full_disk_gets_one_line_and_ends_the_session(full_disk):
     from workbench.store import StoreError
 
     mount, fill = full_disk
-    session = Session.replay("h200-lora-critic-sync", speed=2, follow=False)
+    session = Session.replay("h200-lora-critic-sync", speed=2, follow=False, startup_speed=20)  # running in seconds
     session.wait_until(lambda s: s.state == "running", timeout=120)
     pid = int(session.meta["supervisor_pid"])
     fill()
