@@ -5,6 +5,7 @@ import io
 import signal
 import socket
 import urllib.request
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -62,6 +63,34 @@ def test_follow_ends_with_the_session(home):
     text = out.getvalue()
     assert "step    8" in text
     assert f"session {session.id} is finished" in text
+
+
+def test_follow_prints_steps_and_events_in_the_order_they_happened():
+    """One poll that read both tables: the terminal interleaves them by time, not table by table. A stand-in for
+    the session (synthetic rows): the order is follow's alone."""
+    import pandas as pd
+
+    class OnePoll:
+        id = "synthetic"
+
+        def poll(self, cursor):  # the rows, then nothing new: the session has ended
+            changed = frozenset({"events", "steps"}) if cursor is None else frozenset()
+            return SimpleNamespace(changed=changed, since={"events": 0, "steps": 0}, cursor="c", state="finished")
+
+        def events(self, since_id):
+            return pd.DataFrame({"id": [1, 2], "t": [10.0, 30.0], "kind": ["launched", "applied"],
+                                 "text": ["run 1", "actor_token_budget 4096 → 8192"]})
+
+        def steps(self, since_id):
+            return pd.DataFrame({"id": [1, 2], "t": [20.0, 40.0], "step": [1, 2], "segment_id": [1, 1],
+                                 "timing_s/step": [10.0, 9.0], "timing_s/gen": [5.0, 4.0],
+                                 "perf/throughput": [1000.0, 1100.0], "critic/vf_loss": [0.5, 0.4]})
+
+    out = io.StringIO()
+    assert follow(OnePoll(), out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert [line.split()[0] for line in lines] == ["[launched]", "step", "[applied]", "step", "session"]
+    assert lines[1].startswith("step    1") and lines[3].startswith("step    2")
 
 
 def test_the_dashboard_notebook_is_found_where_the_package_lives():

@@ -1,5 +1,5 @@
 """Parts of the dashboard that need no session (fast): the chart widget's wire format and view heartbeat, the knob
-editors' stepped scale and unclamped entry, messages said once, advice named by measurements."""
+editors' stepped scale and unclamped entry, messages said once, advice named by measurements, the events log."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ipywidgets.widgets.widget import _remove_buffers
 
 from widgets.advisor import gain_line, measurement_names
 from widgets.common import said_once
+from widgets.events import event_rows
 from widgets.knob_editor import KnobEditor, stepped_scale
 from widgets.plot import RESYNC_AFTER_S, Chart, plotly_js, to_wire
 
@@ -74,6 +75,21 @@ def test_budgets_get_a_stepped_scale_and_an_entry_that_never_clamps():
 ])
 def test_messages_are_said_once(prefix, text, said):
     assert said_once(prefix, text) == said
+
+
+def test_rays_missing_dashboard_is_said_once_in_words_with_what_it_costs():
+    """Every segment's run logs Ray's raw warning (synthetic rows in its words); the log says it once, explained."""
+    import pandas as pd
+
+    raw = ("ServerUnavailable: Failed to connect to the dashboard server ... pip install ray[default] to get the "
+           "state API")
+    events = pd.DataFrame({"t": [100.0, 200.0, 300.0, 400.0], "kind": ["warning", "launched", "warning", "warning"],
+                           "text": [raw, "run 2 launched", raw, raw]})
+    rows = event_rows(events)
+    assert [kind for _, kind, _ in rows] == ["warning", "launched"]  # newest first, the repeat folded into one row
+    said = rows[0][2]
+    assert "ServerUnavailable" not in said and said.endswith("(×3)")
+    assert "roles come from the processes' names" in said and "Nothing else is missing" in said
 
 
 def test_advice_names_measurements_not_repository_paths():
