@@ -493,3 +493,12 @@ def test_colocate_async_alternation_is_named_with_its_pair_mean(advised):
     assert f.change == {} and f.evidence["pair_mean_s"] == pytest.approx(sum(steps) / 4)
     assert "mean of a pair" in f.expected and "1 × H200, 2026-12-01" in f.expected
     assert not any(path in f.expected for path in ("tests/", ".py", "recordings"))  # measurements, not paths
+
+
+def test_a_range_whose_ends_read_the_same_is_said_as_one_value():
+    """Issue 15: a card said "Actor MFU 2.0%–2.0%"."""
+    from workbench.advice.core import value_range
+
+    assert value_range(pd.Series([0.0201, 0.0199]), ".1%") == "2.0%"
+    assert value_range(pd.Series([0.013, 0.018]), ".1%") == "1.3%–1.8%"
+    assert value_range(pd.Series([38.3, 40.9]), ".1f", " s") == "38.3–40.9 s"

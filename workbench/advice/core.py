@@ -140,6 +140,12 @@ class Finding:
 FINDING_COLUMNS = tuple(f.name for f in fields(Finding))
 
 
+def value_range(values: pd.Series, spec: str, unit: str = "") -> str:
+    """"low–high unit" in `spec`, or one value where both ends read the same ("2.0%", never "2.0%–2.0%")."""
+    low, high = format(values.min(), spec), format(values.max(), spec)
+    return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
+
+
 @dataclass(frozen=True)
 class Measurements:
     """One segment's steps after its warm-up step, the samples of the plan's GPUs inside those steps, and the
@@ -203,8 +209,7 @@ class Measurements:
         return what_if.predict(self.cost, {**self.knobs, **change}, model)
 
     def seconds_text(self, phase: str) -> str:
-        seconds = self.seconds(phase)
-        return f"{seconds.min():.1f}–{seconds.max():.1f} s"
+        return value_range(self.seconds(phase), ".1f", " s")
 
     @functools.cached_property
     def per_gpu(self) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from .. import memory, memory_fit
 from .. import predict as what_if
 from ..knobs import MICRO_BATCH_KNOBS, batching_knobs_read
 from .core import (BUDGET_KNOBS, FUSED_BUDGETS, FUSED_EVIDENCE, GIB_PER_MIB, Finding, Measurements, changes,
-                   finding, limit, no_knob, prediction_text)
+                   finding, limit, no_knob, prediction_text, value_range)
 from .safety import screen
 
 # Measured: H200, 2026-11-30, 0.5B shape, 64 prompts × 256 + 256 tokens (the h200-proof recording, a hot change).
@@ -59,7 +59,7 @@ def logprob_loop(m: Measurements) -> Finding | None:
                   "old_log_prob_s": m.seconds("old_log_prob").tolist(), "peak_memory_share": m.peak_memory_share,
                   "predicted_step_s": prediction.step_s if prediction else None,
                   "predicted_gpu_peak_share": prediction.gpu_peak_share if prediction else None},
-        text=f"Actor MFU {mfu.min():.1%}–{mfu.max():.1%} (below {limit('logprob_loop_mfu'):.0%}){per_token_text}; "
+        text=f"Actor MFU {value_range(mfu, '.1%')} (below {limit('logprob_loop_mfu'):.0%}){per_token_text}; "
              f"update_actor {m.seconds_text('update_actor')}, old_log_prob {m.seconds_text('old_log_prob')}; "
              f"fused kernels off and {why}",
         change=change,
