@@ -4,13 +4,14 @@ editors' stepped scale and unclamped entry, messages said once, advice named by 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import ipywidgets as W
 import numpy as np
 import pytest
 from ipywidgets.widgets.widget import _remove_buffers
 
-from widgets.advisor import gain_line, measurement_names
+from widgets.advisor import AdvisorPanel, gain_line, measurement_names
 from widgets.common import said_once
 from widgets.events import event_rows
 from widgets.knob_editor import KnobEditor, stepped_scale
@@ -98,6 +99,37 @@ def test_advice_names_measurements_not_repository_paths():
     assert "the H200 measurements of 2026-12-01" in named and "tests/" not in named and "shared/" not in named
     assert gain_line("Shorter steps: update_actor 38 s → 4 s; log-prob 10 → 2 s. Predicted: 18 s.") == \
         "Shorter steps: update_actor 38 s → 4 s; log-prob 10 → 2 s"
+
+
+def _finding(rule: str, change: dict):
+    return SimpleNamespace(rule=rule, title=f"{rule} (synthetic)", severity="high", change=change,
+                           evidence_text="step time 40 s", expected="Shorter steps: 40 s → 20 s. Predicted.")
+
+
+def test_advice_is_judged_against_the_plan_in_force_and_applys_feedback_outlives_the_cards():
+    """Stand-ins for the session and the feed: a finding whose change is in force is not shown; the feedback of an
+    Apply stays at its finding when the findings are judged again (every 30 s) and follows the change's state."""
+    import pandas as pd
+
+    handle = SimpleNamespace(state="accepted", message="accepted by the supervisor")
+    session = SimpleNamespace(apply_finding=lambda finding, wait: handle)
+    tracked = []
+    panel = AdvisorPanel(SimpleNamespace(session=session, operator=True),
+                         SimpleNamespace(track=lambda h, what: tracked.append(what)))
+    knobs = pd.DataFrame({"name": ["trainer_mode", "actor_token_budget"], "value": ["colocate_async", 4096]})
+    feed = SimpleNamespace(findings=[_finding("async", {"trainer_mode": "colocate_async"}),
+                                     _finding("budget", {"actor_token_budget": 16384})],
+                           knob_table=knobs, findings_note="advice as of step 3")
+    panel.show(panel.prepare(feed, {"findings"}))
+    assert [f.rule for _, f in panel._buttons] == ["budget"]  # colocate_async runs already: not proposed again
+    panel._buttons[0][0].click()
+    assert tracked == ["advice: budget (synthetic)"]
+    feed.findings = [_finding("budget", {"actor_token_budget": 16384}), _finding("other", {"actor_token_budget": 8192})]
+    panel.show(panel.prepare(feed, {"findings"}))  # judged again: new cards
+    handle.state, handle.message = "applied", "applied at step 5"
+    panel.show(panel.prepare(feed, set()))  # a tick with no news: the feedback follows the change
+    status = panel.list.children[0].children[1]
+    assert "applied at step 5" in status.value and "wb-changed" in status.value
 
 
 def test_the_update_loop_pauses_without_a_view_and_resumes_at_the_next(monkeypatch):
