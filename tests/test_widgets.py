@@ -14,6 +14,7 @@ import asyncio
 import threading
 import html
 import time
+from types import SimpleNamespace
 
 import ipywidgets as W
 import numpy as np
@@ -195,6 +196,7 @@ def test_a_viewer_sees_everything_and_controls_nothing_until_the_token(proof):
     d = Dashboard(Session.attach(proof.dir, read_only=True), live=False)
     assert all(c.disabled for c in controls(d))
     assert d.changes.apply_button.tooltip == READ_ONLY_REASON and html.escape(READ_ONLY_REASON) in d.bar.hint.value
+    assert d.changes.apply_button.button_style != "primary"  # a disabled Apply is not drawn as the action to take
     assert d.token_row.layout.display != "none"
     assert len(d.utilization.chart.traces) > 1 and len(d.steps.chart.traces[0]["x"]) >= 1  # the charts all the same
     d.token.value = "not-the-token"
@@ -230,12 +232,13 @@ def test_a_hostile_viewer_page_starts_changes_and_unlocks_nothing(proof):
         click(button)
     send(d.tune.knobs, {"method": "update", "state": {"index": [0]}, "buffer_paths": []})
     click(d.tune.button)
+    click(d.tune.autopilot.button)
     send(d.token, {"method": "update", "state": {"value": "not-the-token"}, "buffer_paths": []})
     click(d.unlock)
     for thread in [t for t in threading.enumerate() if t.name.startswith("wb-")]:
         thread.join(60)  # the session bar's controls and the tune run in threads of their own
     assert len(Session.list()) == sessions and len(proof.commands()) == commands and proof.state == state
-    assert not d.session.is_operator and d.tune.state == "refused"
+    assert not d.session.is_operator and d.tune.state == "refused" and d.tune.autopilot.state == "refused"
     assert "read-only" in d.ctx.notice and "not this session's operator token" in html.unescape(d.unlock_message.value)
 
 
@@ -295,11 +298,16 @@ def test_start_follows_a_new_session_like_the_ended_one(proof, sessions):
     d = Dashboard(proof, live=False)
     start = d.bar.buttons["start"]
     assert not start.disabled and d.bar.buttons["pause"].disabled
+    d.changes.track(SimpleNamespace(state="applied", message="applied at step 9"), "the ended session's change")
     start.click()
+    d.changes.editors["actor_token_budget"].control.value = 8192  # typed while the new session starts
     wait(lambda: "start: done" in d.ctx.notice)
     started = d.session
     assert started.id != proof.id and started.meta["recording"] == proof.meta["recording"]
     d.refresh()
+    assert "applied at step 9" not in d.changes.progress.value  # the progress line is the new session's
+    assert d.changes.editors["actor_token_budget"].control.value == 8192  # the edit is still there, pending
+    assert "actor_token_budget" in d.changes.diff.value
     assert started.id in d.bar.status.value and f"?session={started.id}" in d.ctx.notice
     assert "this page follows it now, as its operator" in d.ctx.notice and d.session.is_operator
     assert d.bar.buttons["start"].description == "Play again" and d.bar.buttons["start"].disabled  # one at a time
