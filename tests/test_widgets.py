@@ -296,8 +296,10 @@ def test_a_restart_class_change_shows_its_progress_to_the_first_resumed_step(pro
 def test_start_follows_a_new_session_like_the_ended_one(proof, sessions):
     wait(lambda: proof.state in ENDED)
     d = Dashboard(proof, live=False)
+    d.refresh()
+    assert "The replay has ended: Play again replays the recording" in d.bar.hint.value  # what the user can do now
     start = d.bar.buttons["start"]
-    assert not start.disabled and d.bar.buttons["pause"].disabled
+    assert not start.disabled and d.bar.buttons["pause"].disabled and start.description == "Play again"
     d.changes.track(SimpleNamespace(state="applied", message="applied at step 9"), "the ended session's change")
     start.click()
     d.changes.editors["actor_token_budget"].control.value = 8192  # typed while the new session starts

@@ -224,10 +224,12 @@ def assert_every_chart_drawn(page, guard: PageGuard, what: str, timeout: float =
     return drawn
 
 
-def open_dashboard(browser, url: str, *, root: str = ".wb-dashboard"):
+def open_dashboard(browser, url: str, *, root: str = ".wb-dashboard", init_script: str | None = None):
     """A new page on url, once the dashboard's knob editors (built from the session's first read) are there; its
-    `wb_guard` (a PageGuard) watches it from the first request."""
+    `wb_guard` (a PageGuard) watches it from the first request. `init_script` runs before the page's own."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    if init_script:
+        page.add_init_script(init_script)
     page.wb_guard = guard_page(page)  # before the first request
     page.goto(url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_selector(f"{root} .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)

@@ -6,7 +6,7 @@ so verl's recorded start-up (~100 s here) leaves time to queue a hot change befo
 import pytest
 
 from tests.browser.conftest import (
-    BUDGETS, set_budgets, Up, chart_points, open_dashboard, screenshot, set_slider, store_commands, wait_until,
+    BUDGETS, set_budgets, Up, assert_every_chart_drawn, chart_points, open_dashboard, screenshot, set_slider, store_commands, wait_until,
 )
 
 pytestmark = pytest.mark.browser
@@ -63,6 +63,37 @@ def test_apply_budgets_queues_the_command_and_the_applied_event_shows(up, browse
     assert "actor_token_budget 4096 → 32768" in page.inner_text(".wb-events-log")
     screenshot(page, "voila_applied")
     page.close()
+
+
+# Every WebSocket the page opens, kept where a test can close it (a dropped connection, as the page sees one).
+RECORD_SOCKETS_JS = """(() => {
+    const Native = window.WebSocket;
+    window.wbSockets = [];
+    window.WebSocket = class extends Native {
+        constructor(...args) { super(...args); window.wbSockets.push(this); }
+    };
+})()"""
+DROP_SOCKETS_JS = "() => window.wbSockets.filter(s => s.readyState === WebSocket.OPEN).map(s => s.close()).length"
+OPEN_SOCKETS_JS = "() => window.wbSockets.filter(s => s.readyState === WebSocket.OPEN).length"
+
+
+def test_after_a_dropped_connection_every_chart_is_drawn_and_answers_the_page(up, browser):
+    page = open_dashboard(browser, up.operator_url, init_script=RECORD_SOCKETS_JS)
+    guard = page.wb_guard
+    try:
+        assert_every_chart_drawn(page, guard, "operator, before the drop")
+        sockets_before = page.evaluate("() => window.wbSockets.length")  # before the drop: it reconnects at once
+        assert page.evaluate(DROP_SOCKETS_JS) >= 1, "the page had no open kernel connection to drop"
+        wait_until(lambda: page.evaluate("() => window.wbSockets.length") > sockets_before
+                   and page.evaluate(OPEN_SOCKETS_JS), 60, "the page connected again")
+        assert_every_chart_drawn(page, guard, "operator, after the drop")
+        # The kernel still hears the page and the chart still follows it (whether or not the replay still runs).
+        page.locator(".wb-util-metric button", has_text="memory used").click()
+        page.wait_for_selector(".wb-utilization .gtitle:has-text('memory used per GPU')", timeout=60_000)
+        assert_every_chart_drawn(page, guard, "operator, a metric picked after the drop")
+        screenshot(page, "voila_after_drop")
+    finally:
+        page.close()
 
 
 @pytest.mark.parametrize("token", [None, "not-the-token"], ids=["no-token", "wrong-token"])
