@@ -50,7 +50,13 @@ def test_apply_budgets_queues_the_command_and_the_applied_event_shows(up, browse
     before = len(store_commands(up.home, up.session_id))
     # The recording's hot neighbour: every budget 4096 -> 32768 (a replay can apply what it recorded).
     set_budgets(page, 32768)
-    wait_until(lambda: all(knob in page.inner_text(".wb-diff") for knob in BUDGETS), 120, "all four budgets in the diff")
+    try:
+        wait_until(lambda: all(knob in page.inner_text(".wb-diff") for knob in BUDGETS), 120,
+                   "all four budgets in the diff")
+    except AssertionError as error:  # seen once at load 7: say what the page showed
+        screenshot(page, "voila_budgets_not_in_diff")
+        entries = {knob: page.locator(f".wb-knob-{knob} input[type=number]").input_value() for knob in BUDGETS}
+        raise AssertionError(f"{error}; entries {entries}; diff: {page.inner_text('.wb-diff')!r}") from None
     apply = page.locator(".wb-apply")
     wait_until(lambda: apply.is_enabled(), 60, "Apply enabled for a valid change")
     screenshot(page, "voila_apply_pending")
