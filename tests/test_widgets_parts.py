@@ -93,6 +93,23 @@ def test_rays_missing_dashboard_is_said_once_in_words_with_what_it_costs():
     assert "roles come from the processes' names" in said and "Nothing else is missing" in said
 
 
+def test_segment_labels_that_would_overlap_go_on_rows_of_their_own():
+    """Five segments begun within seconds of each other (synthetic starts): every start keeps its line, and no two
+    labels share a row closer than LABEL_GAP of the chart's width."""
+    import pandas as pd
+
+    from widgets.charts import LABEL_GAP, TimeAxis, segment_marks
+
+    segments = pd.DataFrame({"id": [1, 2, 3, 4, 5], "started_at": [0.0, 5.0, 10.0, 15.0, 300.0]})
+    shapes, labels = segment_marks(segments, TimeAxis(0.0), 0.0, 600.0)
+    assert len(shapes) == 5 and len(labels) >= 3
+    span_min = 10.0
+    for a in labels:
+        for b in labels:
+            if a is not b and a["y"] == b["y"]:
+                assert abs(a["x"] - b["x"]) / span_min >= LABEL_GAP, (a["text"], b["text"])
+
+
 def test_advice_names_measurements_not_repository_paths():
     text = "fused kernels on the H200 (tests/data/h200_fused_logprob_2026-12-01, same workload) see shared/DESIGN.md"
     named = measurement_names(text)
