@@ -400,7 +400,9 @@ def test_a_change_the_run_never_took_ends_not_applied(recording, home):
 
 @pytest.mark.slow
 def test_a_restart_class_change_resumes_at_a_step(recording, home):
-    session = Session.replay(recording, speed=SLOW * 4, follow=False)
+    # At SLOW the first segment's 4 steps take ~4 s: room for the command on a loaded machine (at 4x SLOW, ~1 s,
+    # the recording could end before the supervisor read it: "not applied: the supervisor is gone").
+    session = Session.replay(recording, speed=SLOW, follow=False)
     try:
         _wait(session, lambda s: s.state == c.RUNNING)
         handle = session.apply(TUNED_CHANGES, wait=False)

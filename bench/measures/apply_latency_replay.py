@@ -48,8 +48,10 @@ def run(ctx: Context) -> dict:
     from workbench.session import Session
 
     # A replay compresses time: at speed 3 a recorded 12.5 s step takes ~4 s, still long against the supervisor's
-    # 0.25 s poll, so "boundaries late" means what it would on the GPU. Quick mode (CI) only checks the script runs.
-    speed = 10.0 if ctx.quick else 3.0
+    # 0.25 s poll, so "boundaries late" means what it would on the GPU. Quick mode (CI) only checks the script runs;
+    # at speed 5 its two applies fit in the recorded segment's steps on a loaded machine (at 10 the segment could end
+    # first: "not applied: the supervisor is gone").
+    speed = 5.0 if ctx.quick else 3.0
     n = 2 if ctx.quick else 6
     s = Session.replay(RECORDING, speed=speed, follow=False, root=ctx.work / "sessions")
     try:
