@@ -172,8 +172,10 @@ class Campaign:
 
         facts = self.facts.setdefault(wl.name, {"t_start": time.time()})
         if self.replay:
-            # slow enough that the driver's parts fall between the recorded steps (~20-70 s each)
-            self.session = Session.replay(wl.replay, speed=10, follow=False, root=self.out / "sessions")
+            # slow enough that the driver's parts fall between the recorded steps (~20-70 s each); verl's recorded
+            # start-ups (4-5 min each) pass at 100x: a dry run checks the driver, not the start-up's pace
+            self.session = Session.replay(wl.replay, speed=10, startup_speed=100, follow=False,
+                                          root=self.out / "sessions")
         else:
             from workbench.assets.plans import offline_overrides
             from workbench.plan import Plan
