@@ -196,3 +196,23 @@ def test_a_page_kernel_is_never_ended_while_its_page_renders_and_is_after_the_gr
     rendering, connected, seen = run(story())
     assert seen == {"while rendering": [], "a grace after the pages were sent": [rendering],
                     "a grace after the connected page left": [rendering, connected]}
+
+
+def test_a_kernel_being_shut_down_is_known_as_ending_until_it_is_gone(manager, monkeypatch):
+    """The kernel websocket refuses a kernel that is ending in one line (upstream waits 60 s, then a traceback)."""
+    seen = []
+
+    async def shutdown(self, kernel_id, now=False, restart=False):
+        seen.append(self.ending(kernel_id))
+        self._kernels.pop(kernel_id)
+
+    monkeypatch.setattr(AsyncMappingKernelManager, "shutdown_kernel", shutdown)
+    del manager.shutdown_kernel  # the manager's own, over the stand-in above
+
+    async def story():
+        kernel = await manager.start_kernel(kernel_name="python3")
+        before = manager.ending(kernel)
+        await manager.shutdown_kernel(kernel)
+        return before, manager.ending(kernel)
+
+    assert run(story()) == (False, False) and seen == [True]

@@ -148,6 +148,8 @@ class GuardedKernelWebsocketHandler(OneLineErrors, VoilaKernelWebsocketHandler):
         if not hmac.compare_digest(self.get_cookie(name, "").encode(), value.encode()):
             self.log.warning("refused a kernel websocket from outside the page that started kernel %s", kernel_id)
             raise web.HTTPError(403, "only the page that started this kernel may connect to it")
+        if self.kernel_manager.ending(kernel_id):  # upstream would wait 60 s for it and answer with a traceback
+            raise web.HTTPError(404, "this page's kernel has ended (no page was connected to it): reload the page")
         await super().get(kernel_id)
 
     def select_subprotocol(self, subprotocols):
@@ -172,10 +174,19 @@ class GuardedKernelWebsocketHandler(OneLineErrors, VoilaKernelWebsocketHandler):
         if isinstance(message, bytes) and _outgoing_msg_type(message) == "execute_input":
             return None
         try:
-            return WebSocketHandler.write_message(self, message, binary)
+            sent = WebSocketHandler.write_message(self, message, binary)
         except StreamClosedError:  # past MAX_UNREAD_BYTES: a client that stopped reading is dropped
             self.log.warning("dropped a kernel websocket whose client stopped reading")
             raise WebSocketClosedError() from None
+        sent.add_done_callback(self._write_done)
+        return sent
+
+    def _write_done(self, sent):
+        # A page closed while the charts streamed to it fails every write still pending with WebSocketClosedError.
+        # Nothing awaits them upstream: asyncio logged each with a traceback (600 for one closed operator page).
+        error = None if sent.cancelled() else sent.exception()
+        if error is not None and not isinstance(error, WebSocketClosedError):
+            self.log.warning("a write to a kernel websocket failed: %s", str(error)[:QUOTE_LIMIT])
 
 
 class GuardedVoilaHandler(OneLineErrors, TornadoVoilaHandler):
@@ -223,6 +234,7 @@ class PageKernelManager(AsyncMappingKernelManager):
         self._starting: set[str] = set()  # ids of kernels being started (not all in self._kernels yet)
         self._rendering: set[str] = set()  # kernels whose page is still being rendered: never alone
         self._alone_since: dict[str, float] = {}  # kernel id -> when its page was rendered or its last websocket closed
+        self._ending: set[str] = set()  # kernels being shut down
 
     def page_kernels(self) -> int:
         """Kernels running or starting, each counted once (a starting kernel enters self._kernels before its start
@@ -271,13 +283,19 @@ class PageKernelManager(AsyncMappingKernelManager):
         if self._kernel_connections.get(kernel_id, 1) <= 0 and kernel_id not in self._rendering:
             self._alone_since[kernel_id] = time.monotonic()
 
+    def ending(self, kernel_id) -> bool:
+        """Whether the kernel is being shut down (a page connecting now would wait for a kernel that never comes)."""
+        return kernel_id in self._ending
+
     async def shutdown_kernel(self, kernel_id, now=False, restart=False):
         if not restart:
             self._alone_since.pop(kernel_id, None)
             self._rendering.discard(kernel_id)
+            self._ending.add(kernel_id)
         try:
             return await super().shutdown_kernel(kernel_id, now=now, restart=restart)
         finally:
+            self._ending.discard(kernel_id)
             give_back_freed_memory()
 
     async def cull_kernel_if_idle(self, kernel_id):
