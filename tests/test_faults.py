@@ -13,6 +13,7 @@ printed at the end (pytest -s shows them).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import resource
@@ -352,13 +353,15 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
 
 
 def _fill(path: Path) -> None:
-    with open(path, "wb") as filler:
-        try:
+    """Fill the disk to its last byte; it may be full already (a session's own rows can get there first)."""
+    try:
+        with open(path, "wb") as filler:
             while True:
                 filler.write(b"\0" * 65536)
                 filler.flush()
-        except OSError:
-            pass
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
 
 
 def test_full_disk(tmp_path, monkeypatch):

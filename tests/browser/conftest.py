@@ -24,6 +24,10 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 URL = re.compile(r"^\s+(http://\S+)$")
+# `up` as a terminal runs it, Ctrl-C live: a test run started in the background (CI, `nohup … &`) has SIGINT ignored,
+# every child inherits that, and Python then never raises KeyboardInterrupt (the Ctrl-C test waited 90 s in vain).
+AS_A_TERMINALS_COMMAND = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                          "os.execv(sys.argv[1], sys.argv[1:])"]
 PAGE_TIMEOUT_MS = 120_000  # a page kernel imports the workbench, pandas and plotly: slow on a busy 2-core machine
 
 
@@ -61,7 +65,8 @@ class Up:
     def start(cls, home: Path, *args: str, timeout: float = 120.0) -> "Up":
         env = {**os.environ, "VERL_WORKBENCH_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         command = [str(Path(sys.executable).parent / "verl-workbench"), "up", "--no-browser", "--port", "0", *args]
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen([*AS_A_TERMINALS_COMMAND, *command], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
         up = cls(process, home)
         threading.Thread(target=up._read, daemon=True).start()
         try:
