@@ -12,6 +12,12 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("bench") or item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.slow)
+    # Modules that start processes or a browser first: in CI's workers (-n 3, a module per worker at a time) the long
+    # ones then run side by side from the start and the quick modules fill the end, instead of a long module
+    # starting last. A stable sort: each module's tests keep their order.
+    long_modules = {item.nodeid.split("::")[0] for item in items
+                    if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in long_modules)
 
 
 @pytest.fixture(scope="session")
