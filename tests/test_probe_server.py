@@ -56,7 +56,7 @@ def base_url(up: Up) -> str:
 def server(up: Up) -> psutil.Process:
     for process in psutil.Process(up.process.pid).children():
         try:
-            if "workbench.cli.voila_guard" in " ".join(process.cmdline()):
+            if "widgets.voila_guard" in " ".join(process.cmdline()):
                 return process
         except psutil.Error:  # a child that just ended
             pass

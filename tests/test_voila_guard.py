@@ -17,7 +17,7 @@ from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
 
-from workbench.cli.voila_guard import (MAX_MESSAGE_BYTES, PageKernelManager, one_line_cell_errors, redact,
+from widgets.voila_guard import (MAX_MESSAGE_BYTES, PageKernelManager, one_line_cell_errors, redact,
                                        v1_frame_problem)
 from workbench.paths import PageSessionError, page_session_dir
 

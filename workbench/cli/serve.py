@@ -5,7 +5,7 @@ The page finds its session in its URL: `?session=ID` (a viewer: every chart, con
 nothing there: control comes from the URL alone. (Voila runs without a login of its own, so it leaves `token` to
 the page.)
 
-Voila runs through workbench.cli.voila_guard (hostile clients refused, page kernels capped and ended when their
+Voila runs through widgets.voila_guard (hostile clients refused, page kernels capped and ended when their
 page is gone, no tracebacks to pages, logs without kernel ids or tokens), in its own process session, so a Ctrl-C
 in the terminal reaches `up` alone, and `up` ends Voila and the page kernels it started, in that order, leaving
 nothing behind. Its log is the owner's alone (0600 in a 0700 folder).
@@ -116,7 +116,7 @@ class DashboardServer:
         log_path = private_dir(log_dir) / "voila.log"
         os.chmod(log_dir, 0o700)  # the workbench's own folder, made 0755 by older versions
         command = [
-            sys.executable, "-m", "workbench.cli.voila_guard", str(notebook), "--no-browser",
+            sys.executable, "-m", "widgets.voila_guard", str(notebook), "--no-browser",
             f"--Voila.ip={ip}", f"--Voila.port={port}", "--Voila.port_retries=0",
             f"--template={TEMPLATE}",
             f"--PageKernelManager.max_pages={max_pages}", f"--PageKernelManager.page_grace_s={page_grace_s}",

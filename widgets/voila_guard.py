@@ -1,6 +1,6 @@
 """The dashboard server `up` runs: Voila, launched through this module so that hostile clients can't break it.
 
-`python -m workbench.cli.voila_guard NOTEBOOK [Voila options]` is Voila with these guards (what it guards against is
+`python -m widgets.voila_guard NOTEBOOK [Voila options]` is Voila with these guards (what it guards against is
 upstream, voila 0.5.13 / jupyter_server 2.21.1; re-check them when either moves):
 
 - **The kernel websocket speaks v1 only.** A client that does not offer the `v1.kernel.websocket.jupyter.org`
@@ -53,8 +53,8 @@ from voila.execute import VoilaExecutor
 from voila.tornado.handler import TornadoVoilaHandler
 from voila.tornado.kernel_websocket_handler import VoilaKernelWebsocketHandler
 
-from ..bounds import QUOTE_LIMIT
-from ..paths import HOME_ENV, PageSessionError, home, page_session_dir
+from workbench.bounds import QUOTE_LIMIT
+from workbench.paths import HOME_ENV, PageSessionError, home, page_session_dir
 
 V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
