@@ -6,7 +6,7 @@ so verl's recorded start-up (~100 s here) leaves time to queue a hot change befo
 import pytest
 
 from tests.browser.conftest import (
-    BUDGETS, set_budgets, Up, assert_every_chart_drawn, chart_points, open_dashboard, screenshot, set_slider, store_commands, wait_until,
+    BUDGETS, CHART_PANELS, set_budgets, Up, assert_every_chart_drawn, chart_drawn, chart_points, open_dashboard, screenshot, set_slider, store_commands, wait_until,
 )
 
 pytestmark = pytest.mark.browser
@@ -98,6 +98,8 @@ def test_after_a_dropped_connection_every_chart_is_drawn_and_answers_the_page(up
         page.wait_for_selector(".wb-utilization .gtitle:has-text('memory used per GPU')", timeout=60_000)
         assert_every_chart_drawn(page, guard, "operator, a metric picked after the drop")
         screenshot(page, "voila_after_drop")
+        shown = chart_drawn(page)  # what the screenshot shows: every chart still drawn, not just a moment before
+        assert all(shown.get(panel, 0) > 0 for panel in CHART_PANELS), f"a chart went blank in the screenshot: {shown}"
     finally:
         page.close()
 
