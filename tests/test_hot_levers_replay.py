@@ -17,7 +17,8 @@ from workbench.session import Session, resolve_recording
 
 pytestmark = pytest.mark.slow
 
-SPEED = 20  # recorded seconds per second: ~60 s quickstart steps in ~3 s, the recorded start-up in ~12 s
+SPEED = 20  # recorded seconds per second: ~60 s quickstart steps in ~3 s
+STARTUP_SPEED = 100  # verl's recorded start-up (~350 s) in ~4 s
 TIMEOUT = 120.0
 # What the recorded operator applied after step 3 (segment 1 -> 2 of the recording).
 FUSED_LEVER = {"fused_kernels": True, "use_dynamic_bsz": True, "actor_token_budget": 16384,
@@ -25,11 +26,14 @@ FUSED_LEVER = {"fused_kernels": True, "use_dynamic_bsz": True, "actor_token_budg
 
 
 def test_the_fused_lever_is_applied_hot_on_a_replay(tmp_path):
-    session = Session.replay("h200-tuning", speed=SPEED, follow=False, root=tmp_path)
+    session = Session.replay("h200-tuning", speed=SPEED, startup_speed=STARTUP_SPEED, follow=False, root=tmp_path)
     try:
-        session.wait_for_step(2, timeout=TIMEOUT)
+        # Previewed during the start-up (the plan in force is the same): the previews' first checks take seconds
+        # on a loaded machine, and the recorded quickstart segment ends ~6 s after its step 2. A change sent before
+        # its last step ends is applied (the replay holds the step while the change is on its way: test_replay_end).
         assert session.preview(FUSED_LEVER).mode == "hot"
         assert session.preview({"gradient_checkpointing": False}).mode == "hot"
+        session.wait_for_step(2, timeout=TIMEOUT)
         before = session.steps()
         handle = session.apply(FUSED_LEVER).wait(timeout=TIMEOUT)
         assert (handle.mode, handle.state) == ("hot", "applied"), handle

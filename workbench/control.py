@@ -24,6 +24,10 @@ STOPPED, FINISHED, FAILED = "stopped", "finished", "failed"
 LOST = "lost"
 ACTIVE_STATES = (STARTING, RUNNING, PAUSED, RESTARTING, STOPPING)
 ENDED_STATES = (STOPPED, FINISHED, FAILED, LOST)
+# The supervisor exits in these (a failed session's waits for a rollback): it answers what was queued before the state
+# was written, and no apply is queued once it is (Session.apply: Store.put_command's unless_state), so no change is left
+# unanswered; other commands wait for their answer and say so when the supervisor has exited.
+CLOSED_STATES = (STOPPED, FINISHED)
 
 # ------------------------------------------------------------------------------------------------ user commands
 APPLY, PAUSE, RESUME, STOP, ROLLBACK, TELEMETRY = "apply", "pause", "resume", "stop", "rollback", "telemetry"

@@ -89,13 +89,14 @@ def judge_change(current: Plan, changes: dict[str, Any], *, gpu_count: int | Non
 def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, session_words: str | None,
                    restart_pending: bool) -> tuple[Preview, Plan | None]:
     """The preview rule: what applying `changes` would do (and the new plan), with the fast checks only.
-    session_words: why no run takes changes (e.g. "session x is stopped"), None while one does."""
+    session_words: why no run takes changes (e.g. "session x is stopped: no run takes changes"), None while one
+    does."""
     changes = dict(changes) if isinstance(changes, dict) else changes
     if not isinstance(changes, dict) or not changes:
         return refusal(changes if isinstance(changes, dict) else {}, NO_CHANGE if not changes else
                        "changes must be a dict of knob name → value"), None
     if session_words:
-        return refusal(changes, f"{session_words}: no run takes changes"), None
+        return refusal(changes, session_words), None
     if restart_pending:
         return refusal(changes, "a restart-class change is on its way; wait until it has resumed"), None
     try:

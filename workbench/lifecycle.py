@@ -23,6 +23,7 @@ from . import verl_config
 from .paths import made_session_dir, session_stores
 from .plan import Plan
 from .procs import end_process_session, process_alive
+from .recordings import REPLAY_ENDED
 from .store import STORE_FILE, Store
 
 LIVE, REPLAY = "live", "replay"
@@ -224,12 +225,29 @@ def status_words(session_id: str, state: str, failure: str | None) -> str:
     return f"session {session_id} is {state}" + (f": {failure}" if failure else "")
 
 
+def closed_words(session_id: str, state: str, kind: SessionKind) -> str:
+    """Why an ended session takes no change; a replay that played to its end says to play it again."""
+    if state == c.FINISHED and kind.is_replay:
+        return f"session {session_id} is finished: {REPLAY_ENDED}"
+    return f"session {session_id} is {state}: no run takes changes"
+
+
 def no_supervisor_words(kind: str, session_id: str, state: str, failure: str | None) -> str:
     """Why a control command finds nobody to carry it out."""
     why = f": {failure}" if failure else ""
     if state == c.LOST:
         return f"{kind}: the supervisor of session {session_id} is gone{why}"
     return f"{kind}: session {session_id} is {state} and its supervisor has exited: nothing runs to control{why}"
+
+
+def wait_until(session: Any, predicate: Callable[[Any], bool], timeout: float, poll: float) -> Any:
+    """Poll `predicate(session)` until it holds; TimeoutError after `timeout` seconds (Session.wait_until)."""
+    deadline = time.time() + timeout
+    while not predicate(session):
+        if time.time() > deadline:
+            raise TimeoutError(f"session {session.id}: condition not met within {timeout:.0f} s (state {session.state})")
+        time.sleep(poll)
+    return session
 
 
 def step_reached(step: int) -> Callable[[Any], bool]:

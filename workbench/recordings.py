@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 BUNDLED = Path(__file__).resolve().parent / "assets" / "recordings"
 NO_RECORDED_SEGMENT = "this replay has no recorded segment with that plan: applying it needs a GPU (live session)"
+REPLAY_ENDED = ("the replay has ended: its recording has no more steps with the plan in force; play it again "
+                "(Session.start_like(), or Play again on the page)")
 
 
 def bundled() -> list[str]:

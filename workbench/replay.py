@@ -36,7 +36,7 @@ from . import control as c
 from .boundary import HotChange, StepBoundary
 from .plan import Plan
 from .recorded_operator import RecordedOperator, operator_commands
-from .recordings import NO_RECORDED_SEGMENT, changes_to, no_segment_words, ran
+from .recordings import NO_RECORDED_SEGMENT, REPLAY_ENDED, changes_to, no_segment_words, ran
 from .store import PROC_COLUMNS, SAMPLE_COLUMNS, Store
 
 TICK_S = 0.1  # the replay wakes this often (wall clock) and writes what the recording did meanwhile, in one batch
@@ -161,7 +161,9 @@ class Recording:
 
 class ReplayRun:
     """One run: a thread that plays recorded segments into the session's store (see the module docstring). It has
-    the supervisor's Run interface (poll, kill, cannot_apply, log_path)."""
+    the supervisor's Run interface (poll, kill, cannot_apply, log_path, end_words)."""
+
+    end_words = REPLAY_ENDED
 
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
@@ -253,6 +255,7 @@ class ReplayRun:
             row = segment.steps[index]
             self._play_window(segment.work_start(index), row["t"])
             self._wait_for_recorded_operator(step)
+            self._wait_for_commands_on_their_way()
             if self._crash_due(step):
                 raise InjectedReplayFault(
                     f"injected replay fault at step {step} (crash_at_step): a test of the crash path, not a verl failure"
@@ -293,6 +296,16 @@ class ReplayRun:
         """Hold before `step` while the recorded operator owes a command it gave before the recorded one: its
         directive must reach this boundary, as it did in the recording. The recording's clock stands still."""
         while self._operator is not None and self._operator.owes(step):
+            self._clock = None
+            if self._killed.wait(TICK_S):
+                raise _Killed()
+
+    def _wait_for_commands_on_their_way(self) -> None:
+        """Hold before the step's end while a command sent during it waits for the supervisor's answer (a live run's
+        step lasts the seconds a first check may take; a replayed one a fraction of them): what the user sent during
+        a step takes effect at its boundary, and a replay never ends with a command on its way. The recording's
+        clock stands still."""
+        while self._store.commands_in([c.QUEUED, c.TAKEN_BY_SUPERVISOR], kinds=c.USER_COMMANDS):
             self._clock = None
             if self._killed.wait(TICK_S):
                 raise _Killed()

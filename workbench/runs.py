@@ -51,6 +51,8 @@ class Run:
     directives reach the run through the store's command queue (control.RUNNER_DIRECTIVES)."""
 
     log_path: Path
+    # Why changes are no longer taken once this run has ended well (a replay's says to play it again).
+    end_words = "the run ended"
 
     def poll(self) -> int | None:  # exit code once finished
         raise NotImplementedError

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -30,16 +29,17 @@ from .advisor import Finding, findings_frame
 from .handles import (HANDLE_FINAL, ApplyRefused, ApplyResult, Poll, PollCursor, Preview, ReadOnlySession,
                       poll_since, preview_change, unplayable, wait_for_answer, with_prediction)
 from .knobs import KNOB_TABLE_COLUMNS, irrelevant_knobs, knob_defaults, knob_rows
-from .lifecycle import (SessionKind, check_replay_speeds, effective_state, failure_words, gpu_count, list_sessions,
-                        mark_lost, no_supervisor_words, read_token, replay_launch, resolve_recording, spawn_supervisor,
-                        status_words, step_reached, token_matches, warm_plan_checks)
+from .lifecycle import (SessionKind, check_replay_speeds, closed_words, effective_state, failure_words, gpu_count,
+                        list_sessions, mark_lost, no_supervisor_words, read_token, replay_launch, resolve_recording,
+                        spawn_supervisor, status_words, step_reached, token_matches, wait_until,
+                        warm_plan_checks)
 from .paths import resolve_session_dir
 from .plan import Plan, PlanError
 from .predict import Prediction, closest_cost
 from .predict import predict as predict_plan
 from .procs import process_alive, wait_gone
 from .recordings import recorded_plans
-from .store import Store, StoreError
+from .store import SessionClosed, Store, StoreError
 
 COMMAND_TIMEOUT_S = 30.0
 
@@ -196,11 +196,11 @@ class Session:
                 f"({self.dir / c.TOKEN_FILE}, readable by the user who started it)"
             )
 
-    def _put(self, kind: str, payload: dict[str, Any] | None = None) -> int:
+    def _put(self, kind: str, payload: dict[str, Any] | None = None, unless_state: Iterable[str] = ()) -> int:
         self._require_operator(kind)
         if not self.supervisor_alive():
             raise RuntimeError(self._no_supervisor(kind))
-        return self._store.put_command(kind, c.signed(self._token, kind, payload or {}))
+        return self._store.put_command(kind, c.signed(self._token, kind, payload or {}), unless_state=unless_state)
 
     def _command(self, kind: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         """Queue a command and wait for the supervisor's answer; RuntimeError if it failed or was refused."""
@@ -236,7 +236,7 @@ class Session:
         state = self.state
         preview, new = preview_change(
             self.plan, changes, gpu_count=self.meta.get("gpu_count"),
-            session_words=f"session {self.id} is {state}" if state in c.ENDED_STATES else None,
+            session_words=closed_words(self.id, state, self.kind) if state in c.ENDED_STATES else None,
             restart_pending=bool(self._store.commands_in([c.RESTARTING], kinds=[c.APPLY])))
         kind = self.kind
         if new is not None and kind.is_replay and not recorded_plans(kind.recording).takes(new):
@@ -257,7 +257,11 @@ class Session:
         preview = self.preview(changes)
         if not preview.ok:
             raise PlanError(preview.messages or list(preview.problems.values()))
-        command_id = self._put(c.APPLY, {"changes": preview.changes, "gpu_count": self.meta.get("gpu_count")})
+        try:  # an apply is followed, not waited for: none is queued once the supervisor is on its way out
+            command_id = self._put(c.APPLY, {"changes": preview.changes, "gpu_count": self.meta.get("gpu_count")},
+                                   unless_state=c.CLOSED_STATES)
+        except SessionClosed:  # the session ended since the preview looked
+            raise PlanError([closed_words(self.id, self.state, self.kind)]) from None
         handle = ApplyResult(self, command_id, preview.mode, preview.changes)
         if wait:
             handle.wait(timeout=timeout, until=("accepted", "restarting", *HANDLE_FINAL))
@@ -303,12 +307,7 @@ class Session:
         return self._command(c.ROLLBACK)["result"]["segment"]
 
     def wait_until(self, predicate: Callable[["Session"], bool], timeout: float = 600.0, poll: float = 0.5) -> "Session":
-        deadline = time.time() + timeout
-        while not predicate(self):
-            if time.time() > deadline:
-                raise TimeoutError(f"session {self.id}: condition not met within {timeout:.0f} s (state {self.state})")
-            time.sleep(poll)
-        return self
+        return wait_until(self, predicate, timeout, poll)
 
     def wait_for_step(self, step: int, timeout: float = 600.0) -> "Session":
         """Wait until `step` ran; RuntimeError (with the reason) once the session ended before it."""

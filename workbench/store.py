@@ -82,6 +82,10 @@ class StoreError(RuntimeError):
     pass
 
 
+class SessionClosed(RuntimeError):
+    """A command for a session whose supervisor takes no more commands (its state says it is exiting)."""
+
+
 SQLITE_HEADER = b"SQLite format 3\0"
 
 
@@ -339,8 +343,14 @@ class Store:
             db.executemany(f"INSERT INTO {table}({','.join(columns)}) VALUES({marks})", values)
 
     # ------------------------------------------------------------------ commands (views -> supervisor -> runner)
-    def put_command(self, kind: str, payload: dict[str, Any] | None = None) -> int:
+    def put_command(self, kind: str, payload: dict[str, Any] | None = None, *, unless_state: Iterable[str] = ()) -> int:
+        """Queue a command; SessionClosed instead when the session's state is one of `unless_state`, read in the same
+        transaction (a supervisor that has written such a state never sees a command queued after it)."""
         with self._tx() as db:
+            row = db.execute("SELECT value FROM meta WHERE key='state'").fetchone()
+            state = _decoded(row[0]) if row else None
+            if state in tuple(unless_state):
+                raise SessionClosed(f"{kind}: the session is {state}: its supervisor takes no more commands")
             cur = db.execute(
                 "INSERT INTO commands(t, kind, payload_json, state) VALUES(?,?,?,'queued')",
                 (time.time(), kind, _dumps(payload or {})),

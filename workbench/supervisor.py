@@ -58,6 +58,7 @@ class Supervisor:
         self.pending_command: int | None = None  # the apply that asked for it
         self.resuming: tuple[int, int, int] | None = None  # (apply command, its new segment, last event id before it)
         self.stopping_since: float | None = None
+        self.ended: str | None = None  # why no run takes commands, once the run ended well (its end_words)
         self.sampler: subprocess.Popen | None = None
         self.ray = SessionRayCluster(session_dir)
         # verl's first import and a plan's first composition cost seconds: pay them now, beside the run's start, not
@@ -94,6 +95,7 @@ class Supervisor:
         # The run resumes from the newest complete checkpoint, and so would a rollback after it: the rest can go.
         pruned = checkpoints.words(checkpoints.prune(self.dir))
         self.segment_id = self.store.begin_segment(plan.to_json(), reason=reason, resumed_from_step=resumed_from)
+        self.ended = None
         # State and event first: once created, the run writes its own ("running", "started"), which must come after.
         self.set_state(c.STARTING)
         text = f"segment {self.segment_id} launched ({reason})"
@@ -163,7 +165,7 @@ class Supervisor:
 
     def _require_run(self, what: str) -> Run:
         if self.run is None or self.run.poll() is not None:
-            raise RuntimeError(f"can't {what}: no run is in progress (state {self.state()})")
+            raise RuntimeError(f"can't {what}: " + (self.ended or f"no run is in progress (state {self.state()})"))
         return self.run
 
     def cmd_apply(self, command_id: int, payload: dict[str, Any]) -> None:
@@ -320,7 +322,7 @@ class Supervisor:
                 self.store.add_event(c.EV_STOPPED, "stopped by the operator (its last step crashed: see the crash)")
             return
         self.run.kill()
-        self.run = None
+        ended, self.run = self.run.end_words, None
         if self.pending_plan is not None:
             previous, new, command_id = self.current_plan(), self.pending_plan, self.pending_command
             self.pending_plan = self.pending_command = None
@@ -336,7 +338,8 @@ class Supervisor:
         self.store.end_segment(self.segment_id, "done", "run ended")
         self._stop_sampler()
         state = c.STOPPED if self.stopping_since else c.FINISHED
-        self._abandon_changes("the run ended" if state == c.FINISHED else "the session was stopped")
+        self.ended = ended if state == c.FINISHED else None
+        self._abandon_changes(ended if state == c.FINISHED else "the session was stopped")
         self.stopping_since = None
         self.set_state(state)
         self.store.add_event(state, "verl run ended" if state == c.FINISHED else "stopped by the operator")
@@ -350,8 +353,12 @@ class Supervisor:
                 self.check_run()
                 self.check_resumed()
                 self.handle_commands()
-                if self.state() in (c.STOPPED, c.FINISHED) and self.run is None and self.pending_plan is None:
-                    break
+                if self._exiting():
+                    # What came in while the state was being written (behind a stop) is answered too; no change
+                    # comes after: Session.apply queues none once the state is closed (control.CLOSED_STATES).
+                    self.handle_commands()
+                    if self._exiting():
+                        break
                 time.sleep(POLL_S)
         except KeyboardInterrupt:
             self._end_run(c.STOPPED, "supervisor terminated")
@@ -363,6 +370,9 @@ class Supervisor:
             self._stop_sampler()
             self.ray.stop()
         return 0
+
+    def _exiting(self) -> bool:
+        return self.state() in c.CLOSED_STATES and self.run is None and self.pending_plan is None
 
     def fail(self, reason: str) -> None:
         """End what runs and say why the supervisor stops (in the store if it takes it, else the failure note)."""
