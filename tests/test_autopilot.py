@@ -226,3 +226,46 @@ def test_a_refused_change_is_a_round_and_is_not_tried_again():
 def test_the_time_budget_ends_the_wait_for_a_first_measurement():
     result = Autopilot(FakeSession([], steps=1), budget_s=0.5).run()
     assert result.before is None and result.ended_because.startswith("the time budget ran out while waiting")
+
+
+class ScriptedSession(FakeSession):
+    """SYNTHETIC, shaped like the H200's 1.5B round of 2026-12-01 (bench/results/h200_2026-12-01_lease3): each
+    applied change opens a segment whose steps take the seconds the script gives; the prediction is as given."""
+
+    def __init__(self, findings, script: list[float], predicted: tuple[float, float]):
+        super().__init__(findings, apply_state="applied")
+        self.script, self.predicted = list(script), predicted
+        self._segments = [1]
+
+    def segments(self):
+        import pandas as pd
+
+        return pd.DataFrame({"id": self._segments})
+
+    def predict(self, change):
+        step_s, high_s = self.predicted
+        return type("Prediction", (), {"step_s": step_s, "step_range_s": (step_s - (high_s - step_s), high_s)})()
+
+    def apply(self, change):
+        import pandas as pd
+
+        self.applied.append(change)
+        segment, first = self._segments[-1] + 1, int(self._steps["step"].max()) + 1
+        self._segments.append(segment)
+        step_s = self.script.pop(0)
+        self._steps = pd.concat([self._steps, pd.DataFrame({
+            "segment_id": segment, "step": range(first, first + 3), "timing_s/step": step_s,
+            "perf/throughput": 10_000.0 / step_s})], ignore_index=True)
+        return FakeHandle("applied", f"hot: {change}")
+
+
+def test_a_kept_change_slower_than_its_band_ends_the_run_and_counts_in_the_speedup():
+    """On the H200 (1.5B) round 1 ran 57.3 -> 25.2 s a step, above its predicted band (22.4, at most 24.0): kept,
+    and the autopilot stopped as it should; but its report said 1.00x, the plan of before the round, as if the kept
+    change were not in force."""
+    session = ScriptedSession([finding("logprob-loop", {"fused_kernels": True})], script=[4.4],
+                              predicted=(3.9, 4.2))
+    result = Autopilot(session, budget_s=30).run()
+    assert list(result.story["outcome"]) == ["kept"] and "slower than predicted" in result.ended_because
+    assert result.after.segment_id == 2 and result.after.step_s == pytest.approx(4.4)
+    assert result.speedup == pytest.approx((10_000.0 / 4.4) / 1000.0)  # the kept segment's over the first's

@@ -68,7 +68,12 @@ class AutopilotResult:
 
 
 class _Stopped(Exception):
-    """The autopilot must end now (its reason is the message)."""
+    """The autopilot must end now (its reason is the message); `in_force`: the measurement of the plan the last
+    round left in force, where that round ended the run."""
+
+    def __init__(self, reason: str, in_force: Measured | None = None):
+        super().__init__(reason)
+        self.in_force = in_force
 
 
 @dataclass
@@ -216,9 +221,10 @@ class Autopilot:
                 raise _Stopped(f"round {r.number}'s change could not be rolled back: {message}")
             kept = baseline
         if slower_than_band:
+            # The stop ends the run, not the round: what it kept is in force and is the run's "after".
             raise _Stopped(f"round {r.number} measured {result.step_s:.1f} s a step, slower than predicted "
                            f"({r.predicted_step_s:.1f} s, at most {r.predicted_high_s:.1f} s): the model is off "
-                           "for this run")
+                           "for this run", in_force=kept)
         return kept
 
     def _roll_back_crash(self, r: _Round, baseline: Measured) -> Measured:
@@ -256,6 +262,7 @@ class Autopilot:
             ended = f"the round budget ({self.max_rounds}) is spent"
         except _Stopped as stopped:
             ended = str(stopped)
+            after = stopped.in_force or after
         return AutopilotResult(self.story(), ended, before, after, self.crashes, time.time() - self.t0)
 
     def story(self) -> pd.DataFrame:
