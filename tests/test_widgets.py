@@ -318,10 +318,12 @@ def test_start_follows_a_new_session_like_the_ended_one(proof, sessions):
 
 def test_the_live_task_updates_the_charts_without_a_cell_run(started):
     async def watch() -> tuple[int, int]:
-        d = Dashboard(started)  # a running loop: the update task starts by itself
-        first = len(d.steps.chart.traces[0]["x"]) if d.steps.chart.traces else 0
+        d = Dashboard(started)  # a running loop: the update task starts by itself, once a page shows a chart
+        chart = d.steps.chart
+        first = len(chart.traces[0]["x"]) if chart.traces else 0
         deadline = time.time() + TIMEOUT
-        while (len(d.steps.chart.traces[0]["x"]) if d.steps.chart.traces else 0) <= first and time.time() < deadline:
+        while (len(chart.traces[0]["x"]) if chart.traces else 0) <= first and time.time() < deadline:
+            chart._from_view(chart, {"kind": "view", "revision": chart.revision}, [])  # what a page's view says
             await asyncio.sleep(0.5)
         d.close()
         return first, len(d.steps.chart.traces[0]["x"])

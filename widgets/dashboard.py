@@ -23,10 +23,16 @@ step breakdown (step_breakdown.py), throughput and segments (throughput.py), adv
 `Feed.read()` and the panels' `prepare` (store reads, pandas, downsampling) in a worker thread
 (`asyncio.to_thread`), then the panels' `show` (widget assignments, one `Chart.draw` per chart with news: the
 charts' synced state is their data, so a page that renders later draws it; widgets/plot.py) on the loop thread.
-The loop pauses while no page shows the charts (their views say so every few seconds), so that a page kernel
-whose page is gone falls idle and Jupyter's culling can end it; the next view resumes it. Widget callbacks (which JupyterLab 4 may run on another thread) and the loop share state under
-`Context.lock`. Nothing writes into an Output widget from background code. The task starts when an event loop runs
-(a kernel); without one (a plain script, pytest) call `refresh()`.
+The loop starts once a page has rendered the charts and pauses while no page shows them (their views say so every
+few seconds), so that a page kernel whose page is gone falls idle and Jupyter's culling can end it; the next view
+resumes it. Why it waits for the first view: a page's widget manager, as it connects, asks the kernel for every
+widget's state at once and builds its models from that snapshot. A widget created meanwhile (a knob editor once the
+knob table is read, an advice card) whose state names a widget of the snapshot not built yet failed in the page
+("widget model not found", then "Cannot read properties of undefined (reading 'create_view')"), and an update sent
+meanwhile to a model not built yet was lost. A page renders views only once its models are built.
+Widget callbacks (which JupyterLab 4 may run on another thread) and the loop share state under `Context.lock`.
+Nothing writes into an Output widget from background code. The task starts when an event loop runs (a kernel);
+without one (a plain script, pytest) call `refresh()`.
 
 **For browser tests**, stable CSS classes: `wb-session-bar`, `wb-status`, `wb-start|pause|resume|stop|rollback`, `wb-notice`,
 `wb-knob-<name>` (each knob editor; `wb-knob-bad` while a problem marks it, message in `wb-knob-message`),
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import math
 import os
 import threading
 import time
@@ -70,9 +77,7 @@ MIN_INTERVAL_S = 0.5  # at most 2 Hz: each tick re-sends whole chart arrays to e
 # A page kernel whose page is gone must fall idle, so that Jupyter's culling can end it: the loop pauses once no
 # view of a chart has said it is shown (every 5 s, widgets/static/chart.js) for this long, and resumes at the next.
 NO_VIEW_PAUSE_S = 30.0
-# Before the first view: a page kernel runs the page's code before the browser renders it (slow on a busy machine).
-FIRST_VIEW_WAIT_S = 180.0
-PAUSED_POLL_S = 1.0  # while paused the loop only looks for a view again: no store reads, no messages
+PAUSED_POLL_S = 0.2  # while paused the loop only looks for a view again: no store reads, no messages
 # What a full refresh tells every panel is new (each then recomputes and re-sends what it shows).
 ALL_NEWS = frozenset({"state", "meta", "steps", "events", "samples", "step_samples", "knobs", "segments",
                       "placement", "findings"})
@@ -126,14 +131,13 @@ class Dashboard:
         self._tick = threading.Lock()  # one read+prepare at a time (the loop, or a refresh() call)
         self.timings_ms: dict[str, float] = {}
         self.charts = (self.utilization.chart, self.steps.chart, self.throughput.chart)
-        self.paused_for_no_view = False
+        self.paused_for_no_view = True  # until a page has rendered the charts (see "Live updates" above)
         self._task: asyncio.Task | None = None
         self._closed = False
         if live:  # what is at hand now (the charts); the knob editors follow when their derived read is in
             self._show(self._read(everything=True))
         else:
             self.refresh()
-        self._built_at = time.monotonic()  # the page renders once the kernel is done building it
         if live:
             self.start()
 
@@ -220,11 +224,9 @@ class Dashboard:
         return True
 
     def unseen_for_s(self) -> float:
-        """Seconds since a view of a chart last said it is shown (before the first: since the dashboard was built,
-        less the wait granted for the first page to render)."""
+        """Seconds since a view of a chart last said it is shown (infinite before the first)."""
         seen = [chart.last_view_at for chart in self.charts if chart.last_view_at is not None]
-        last = max(seen) if seen else self._built_at + FIRST_VIEW_WAIT_S - NO_VIEW_PAUSE_S
-        return time.monotonic() - last
+        return time.monotonic() - max(seen) if seen else math.inf
 
     async def _run(self) -> None:
         while not self._closed:

@@ -152,9 +152,12 @@ CHART_DRAWN_JS = """(panels) => Object.fromEntries(panels.map(panel => {
         .filter(d => d.includes('L')).reduce((n, d) => n + d.split('L').length, 0);
     return [panel, marks + vertices];
 }))"""
-# What a page may log only when a widget failed (anywidget gives a model 2 s to initialize; ipywidgets' own words).
+# What a page may log only when a widget failed (anywidget gives a model 2 s to initialize; ipywidgets' own words:
+# a model whose state names one the page has not built ("widget model not found") becomes an error model, and its
+# view then fails with "Cannot read properties of undefined (reading 'create_view')", a page error).
 WIDGET_FAILURES = ("Failed to initialize model", "Could not create", "Error creating widget", "Error rendering",
-                   "Failed to load model", "Class not found")
+                   "Failed to load model", "Class not found", "widget model not found", "Could not instantiate widget",
+                   "can not be instantiated", "Could not process update msg", "Error displaying widget")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Every chart drawn after the page's widgets are there, on a loaded 2-core machine (bench/ has the quiet figure).
 DRAWN_WITHIN_S = 120

@@ -126,6 +126,7 @@ def test_lab_dashboard_updates_live_and_applies(lab, browser):
         page.wait_for_selector(".wb-events-log:has-text('applied')", timeout=180_000)
         assert "actor_token_budget 4096 → 32768" in page.inner_text(".wb-events-log")
         screenshot(page, "lab_applied")
+        guard.check()  # no widget model failed on the way, no request left 127.0.0.1
         page.close()
     except BaseException:
         screenshot(page, "lab_failure")

@@ -46,6 +46,7 @@ def test_the_operators_page_draws_every_chart_fresh_and_after_a_reload(up, brows
         page.wait_for_selector(".wb-dashboard .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
         assert_every_chart_drawn(page, guard, "reloaded operator")
         screenshot(page, "loads_operator_reloaded")
+        guard.check()  # nor after the charts were drawn (the knob editors and advice come later)
     finally:
         page.close()
 
@@ -56,6 +57,7 @@ def test_a_viewers_page_draws_every_chart(up, browser):
     try:
         assert_every_chart_drawn(page, guard, "viewer")
         screenshot(page, "loads_viewer")
+        guard.check()
     finally:
         page.close()
 
@@ -66,6 +68,8 @@ def test_the_page_of_an_ended_session_draws_every_chart_and_start_switches_it(up
     guard = viewer.wb_guard
     try:
         assert_every_chart_drawn(viewer, guard, "ended session's viewer")
+        viewer.wait_for_selector(".wb-dashboard .wb-knob-actor_token_budget", timeout=PAGE_TIMEOUT_MS)
+        guard.check()
     finally:
         viewer.close()
     page = open_dashboard(browser, up.operator_url)
@@ -83,6 +87,7 @@ def test_the_page_of_an_ended_session_draws_every_chart_and_start_switches_it(up
         assert_every_chart_drawn(page, guard, "started session's operator")
         assert "read-only" not in page.inner_text(".wb-notice")  # the page that started it controls it
         screenshot(page, "loads_after_start")
+        guard.check()
     finally:
         page.close()
         session = session_of(up, up.session_id)

@@ -26,6 +26,7 @@ def test_charts_grow_with_no_interaction(up, browser):
     grown = wait_until(lambda: (n := chart_points(page)) > first and n, 60, f"charts growing past {first} points")
     screenshot(page, "voila_live_later")
     assert grown > first
+    page.wb_guard.check()  # no widget model failed, no request left 127.0.0.1
     page.close()
 
 
@@ -42,6 +43,7 @@ def test_an_invalid_value_shows_its_message_at_the_widget_and_queues_nothing(up,
     page.locator(".wb-apply").click(force=True)  # even a click on the disabled button
     page.wait_for_timeout(2000)
     assert len(store_commands(up.home, up.session_id)) == before
+    page.wb_guard.check()  # no widget model failed, no request left 127.0.0.1
     page.close()
 
 
@@ -68,6 +70,7 @@ def test_apply_budgets_queues_the_command_and_the_applied_event_shows(up, browse
     page.wait_for_selector(".wb-events-log:has-text('applied')", timeout=180_000)
     assert "actor_token_budget 4096 → 32768" in page.inner_text(".wb-events-log")
     screenshot(page, "voila_applied")
+    page.wb_guard.check()  # no widget model failed, no request left 127.0.0.1
     page.close()
 
 
@@ -100,6 +103,7 @@ def test_after_a_dropped_connection_every_chart_is_drawn_and_answers_the_page(up
         screenshot(page, "voila_after_drop")
         shown = chart_drawn(page)  # what the screenshot shows: every chart still drawn, not just a moment before
         assert all(shown.get(panel, 0) > 0 for panel in CHART_PANELS), f"a chart went blank in the screenshot: {shown}"
+        guard.check()  # no widget model failed, no request left 127.0.0.1
     finally:
         page.close()
 
@@ -119,6 +123,7 @@ def test_a_viewer_sees_the_charts_but_cannot_apply(up, browser, token):
     page.locator(".wb-apply").click(force=True)
     page.wait_for_timeout(1000)
     assert len(store_commands(up.home, up.session_id)) == before
+    page.wb_guard.check()  # no widget model failed, no request left 127.0.0.1
     page.close()
 
 
@@ -131,6 +136,7 @@ def test_the_export_panel_shows_overrides_verl_composes(up, browser):
     text = wait_until(lambda: page.locator(".wb-export-text textarea").input_value().strip(), 30, "exported overrides")
     overrides = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     screenshot(page, "voila_export")
+    page.wb_guard.check()  # no widget model failed, no request left 127.0.0.1
     page.close()
     composed = Plan.from_verl(overrides=overrides)  # verl's own Hydra config composes them
     in_force = Session.attach(up.home / "sessions" / up.session_id, read_only=True).plan
