@@ -4,7 +4,7 @@ Each pair predicts a target segment's median step time (warm-up step left out) f
 plan, never reading the target's steps; the error is (predicted - measured) / measured. Sources and targets are
 real H200 measurements only:
 - the workbench's recorded sessions (workbench/assets/recordings: h200-proof, h200-lora-critic-sync, 2026-11-30;
-  h200-tuning, 2026-12-01);
+  h200-tuning, h200-hot-lever (0.5B) and h200-autopilot-1.5b (1.5B), 2026-12-01);
 - the plain-verl reference runs (tests/data: h200_2026-11-30 quickstart A and tuned B, h200_fused_logprob_2026-12-01
   quickstart, fused C and fused + 8 agent workers D), with the plans their scripts ran (tests/h200_traces.py).
 Some of predict.py's priors were read off the same runs (the fused-kernel factor from 2026-12-01 A → C, the LoRA
@@ -52,6 +52,13 @@ PAIRS = [
     ("h200-lora-critic-sync#1", "h200-proof#3", False),
     # 2026-12-01, recorded after the priors were set: verl's quickstart → the advisor's fused-kernel proposal.
     ("h200-tuning#1", "h200-tuning#2", False), ("h200-tuning#2", "h200-tuning#1", False),
+    # 2026-12-01, lease 2 (0.5B, 128 prompts × 256+768): quickstart → the fused lever applied hot (checkpointing off).
+    ("h200-hot-lever#1", "h200-hot-lever#2", False), ("h200-hot-lever#2", "h200-hot-lever#1", False),
+    # 2026-12-01, lease 3 (1.5B, 128 prompts × 512+1024): quickstart → fused lever with checkpointing kept (hot, then
+    # the same plan restarted) → checkpointing off with smaller budgets.
+    ("h200-autopilot-1.5b#1", "h200-autopilot-1.5b#2", False), ("h200-autopilot-1.5b#1", "h200-autopilot-1.5b#3", False),
+    ("h200-autopilot-1.5b#3", "h200-autopilot-1.5b#1", False), ("h200-autopilot-1.5b#3", "h200-autopilot-1.5b#4", False),
+    ("h200-autopilot-1.5b#4", "h200-autopilot-1.5b#3", False),
 ]
 
 
