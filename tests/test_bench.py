@@ -129,3 +129,12 @@ def test_overhead_figures_leave_gen_out_and_keep_every_step():
     assert fig["ratio"] == pytest.approx(statistics.median(sess_rest) / statistics.median(plain_rest))
     assert fig["details"]["ran"] == {"session": len(tuned), "plain": len(plain)}
     assert len(fig["repetitions"]) == len(tuned) + len(plain)
+
+
+def test_gpu_campaign_refuses_an_unknown_workload_in_words(tmp_path):
+    from bench.gpu.campaign import Campaign
+
+    with pytest.raises(ValueError, match=r"workloads \['7b'\]: choose from 1.5b, 0.5b"):
+        Campaign(tmp_path, replay=True, budget_s=60, steps_before=2, plain_steps=3, assets=tmp_path, machine="x",
+                 workloads=("0.5b", "7b"))
+    assert not (tmp_path / "progress.log").exists()  # refused before anything was written

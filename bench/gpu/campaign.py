@@ -86,7 +86,11 @@ WORKLOADS = {
 
 class Campaign:
     def __init__(self, out: Path, *, replay: bool, budget_s: float, steps_before: int, plain_steps: int,
-                 assets: Path, machine: str | None):
+                 assets: Path, machine: str | None, workloads: tuple[str, ...] = tuple(WORKLOADS)):
+        unknown = set(workloads) - set(WORKLOADS)
+        if unknown or not workloads:
+            raise ValueError(f"workloads {sorted(unknown) or '(none)'}: choose from {', '.join(WORKLOADS)}")
+        self.workloads = workloads
         self.out = out
         self.results = out / "results"
         self.results.mkdir(parents=True, exist_ok=True)
@@ -518,16 +522,21 @@ class Campaign:
         self.log(f"campaign on {self.machine} ({self.env.get('gpu')}), budget {self.budget_s:.0f} s, "
                  f"replay={self.replay}")
         a, c = WORKLOADS["1.5b"], WORKLOADS["0.5b"]
-        assets_c = self.prepare_assets(c)
-        if self.part("a1 start 1.5b on quickstart settings", self.start, a):
+        assets_c = self.prepare_assets(c) if c.name in self.workloads else None
+        if a.name not in self.workloads:
+            self.log(f"a, b skipped: workloads {', '.join(self.workloads)}")
+        elif self.part("a1 start 1.5b on quickstart settings", self.start, a):
             self.part("a2 autopilot round 1 (hot fused lever expected)", self.hot_lever, a)
             self.part("b the same plan restarted (control): restart vs cold, hot vs fresh", self.control_restart, a)
             if self.left() > 240:
                 self.part("b2 sampler off/on alternating", self.sampler_ab, a)
             if self.left() < C_NEEDS_S and self.left() > ROUND_NEEDS_S:
                 self.part("b3 autopilot: further rounds on 1.5b", self.autopilot, a, 5)
-        self.part("stop 1.5b", self.stop_session)
-        if self.left() >= C_NEEDS_S or self.replay:
+        if a.name in self.workloads:
+            self.part("stop 1.5b", self.stop_session)
+        if c.name not in self.workloads:
+            self.log(f"c skipped: workloads {', '.join(self.workloads)}")
+        elif self.left() >= C_NEEDS_S or self.replay:
             if assets_c is not None:
                 assets_c.join()
             if self.part("c1 start 0.5b on quickstart settings", self.start, c):
@@ -610,10 +619,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plain-steps", type=int, default=int(os.environ.get("PLAIN_STEPS", "6")))
     p.add_argument("--assets", type=Path, default=Path(os.environ.get("CAMPAIGN_ASSETS", "/root/assets")))
     p.add_argument("--machine")
+    p.add_argument("--workloads", default=os.environ.get("CAMPAIGN_WORKLOADS", ",".join(WORKLOADS)),
+                   help="which workloads run, in the campaign's order (default: all; e.g. 0.5b: its autopilot with "
+                        "the whole budget, then plain verl)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     Campaign(a.out, replay=a.replay, budget_s=a.budget_s, steps_before=a.steps_before, plain_steps=a.plain_steps,
-             assets=a.assets, machine=a.machine).run()
+             assets=a.assets, machine=a.machine, workloads=tuple(w for w in a.workloads.split(",") if w)).run()
     return 0
 
 
