@@ -66,6 +66,8 @@ def test_gpu_campaign_driver_dry_run_on_a_replay(tmp_path, home):
     assert hot["details"]["changes"]["fused_kernels"] is True and hot["details"]["in_force_from_step"] == 4
     assert hot["details"]["boundaries_late"] == 0
     assert hot["details"]["applied_text"].startswith("replay: hot:")
+    # per phase and step - gen beside the step time (generation varies; the lever does not touch it)
+    assert hot["details"]["phase_s"]["update_actor"]["hot"] > 0 and hot["details"]["step_minus_gen_s"]["hot"] > 0
     restart = json.loads((out / "results" / "restart_vs_cold_0.5b.json").read_text())
     assert restart["value"] > 0 and restart["details"]["changes"]["trainer_mode"] == "colocate_async"
     sampler = json.loads((out / "results" / "sampler_ab_1.5b.json").read_text())

@@ -349,6 +349,15 @@ class Campaign:
                      "logprob_check": data.get("logprob_check"), "workers": data.get("workers"),
                      "applied_text": applied["text"].iloc[0] if len(applied) else None,
                      "step_s": {"quickstart": median(before["timing_s/step"]), "hot": hot_s, "fresh": fresh_s},
+                     # Generation varies from step to step and no training lever touches it (lease 3: gen 5.3-11.4 s
+                     # within one plan): the phases themselves say whether the hot switch ran as the fresh plan does.
+                     "phase_s": {phase: {"hot": median(in_hot.get(f"timing_s/{phase}", [])),
+                                         "fresh": median(fresh.get(f"timing_s/{phase}", []))}
+                                 for phase in ("gen", "old_log_prob", "ref", "values", "update_critic",
+                                               "update_actor")},
+                     "step_minus_gen_s": {side: median(side_steps["timing_s/step"] - side_steps["timing_s/gen"])
+                                          if len(side_steps) and "timing_s/gen" in side_steps else None
+                                          for side, side_steps in (("hot", in_hot), ("fresh", fresh))},
                      "tokens_per_s_per_gpu": {"quickstart": median(before.get("perf/throughput", [])),
                                               "hot": median(in_hot.get("perf/throughput", [])),
                                               "fresh": median(fresh.get("perf/throughput", []))},
