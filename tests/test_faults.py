@@ -38,6 +38,7 @@ from workbench import verl_config
 from workbench.paths import new_session_dir
 from workbench.plan import Plan
 from workbench.procs import process_alive
+from workbench.recordings import recorded_plans
 from workbench.session import HANDLE_FINAL, Session, resolve_recording
 from workbench.store import Store, StoreError
 
@@ -480,7 +481,10 @@ def _change_then(then: str, change: dict) -> tuple[str, str, str]:
 def test_an_accepted_change_ends_applied_or_not_applied_with_the_reason(home):
     """Whatever happens after a change was accepted, its handle ends applied (with the step) or not_applied (with
     why): never accepted for ever."""
-    verl_config.warm()  # this process's change checks import verl now, not while the replays' steps run
+    # This process's change checks import verl and compose the recording's plans now (seconds each on a loaded
+    # machine, beside the supervisors' first checks), not while the replays' steps run: ~8 s after step 2 each ends.
+    verl_config.warm()
+    recorded_plans(resolve_recording("h200-proof")).knobs  # noqa: B018 (read for its cost)
     jobs = [(then, HOT_CHANGE) for then in ("nothing", "stop now", "stop", "crash", "kill -9 supervisor")]
     jobs += [(then, RESTART_CHANGE) for then in ("nothing", "kill -9 supervisor")]
     with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:

@@ -101,6 +101,9 @@ def test_a_change_sent_as_the_replay_ends_is_refused_with_the_reason_not_left_qu
     session = Session(store.path.parent, TOKEN)
     with pytest.raises(PlanError, match=f"session {session.id} is finished: the replay has ended.*play it again"):
         session.apply({"actor_token_budget": HOT_NEIGHBOUR_BUDGET})
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    store.set_meta(supervisor_pid=gone.pid)  # and its supervisor has exited by the time the handle queues it
     looked_while_running = iter([c.RUNNING])
     monkeypatch.setattr(Session, "state", property(lambda self: next(looked_while_running, c.FINISHED)))
     with pytest.raises(PlanError, match="the replay has ended.*play it again"):

@@ -196,9 +196,9 @@ class Session:
                 f"({self.dir / c.TOKEN_FILE}, readable by the user who started it)"
             )
 
-    def _put(self, kind: str, payload: dict[str, Any] | None = None, unless_state: Iterable[str] = ()) -> int:
+    def _put(self, kind: str, payload: dict[str, Any] | None = None, unless_state: tuple[str, ...] = ()) -> int:
         self._require_operator(kind)
-        if not self.supervisor_alive():
+        if not self.supervisor_alive() and self.state not in unless_state:  # else the store refuses it: SessionClosed
             raise RuntimeError(self._no_supervisor(kind))
         return self._store.put_command(kind, c.signed(self._token, kind, payload or {}), unless_state=unless_state)
 
