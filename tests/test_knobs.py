@@ -28,6 +28,13 @@ def test_critic_budget_key_exists_only_as_a_dataclass_field():
     assert not verl_config.in_config(default, key)
     assert key in verl_config.existing_keys()
     assert verl_config.read_key(default, key) == 32768
+
+
+@pytest.mark.parametrize("key", list(verl_config.DATACLASS_ONLY_DEFAULTS))
+def test_the_dataclass_only_defaults_are_verls(key):
+    default = verl_config.default_config()
+    assert not verl_config.in_config(default, key)  # only in the dataclass: read from it (importing verl) here
+    assert verl_config._dataclass_field_default(default, key) == verl_config.DATACLASS_ONLY_DEFAULTS[key]
     assert KNOBS["critic_token_budget"].keys[0] == key
 
 
@@ -176,3 +183,45 @@ def test_the_critic_packs_by_tokens_whatever_use_dynamic_bsz_says():
         assert "token budget" in why["critic_micro_batch"] and "critic" in why["critic_micro_batch"]
         assert ("actor_token_budget" in why) is (not dynamic) and ("actor_micro_batch" in why) is dynamic
         assert ("logprob_token_budget" in why) is (not dynamic) and ("logprob_micro_batch" in why) is dynamic
+
+
+ROLE_VARIANTS = (  # overrides that move verl's role rules one way or the other
+    (), ("algorithm.adv_estimator=grpo",), ("algorithm.adv_estimator=grpo", "critic.enable=True"),
+    ("critic.enable=False",), ("actor_rollout_ref.actor.use_kl_loss=True",), ("algorithm.use_kl_in_reward=True",),
+    ("reward.reward_model.enable=True",),
+)
+
+
+@pytest.mark.parametrize("overrides", ROLE_VARIANTS, ids=lambda o: " ".join(o) or "defaults")
+def test_the_roles_in_use_are_verls_own_rules(overrides):
+    """roles_in_use reads the config as verl 0.9.1's need_reference_policy / need_critic / need_reward_model do
+    (verl/trainer/ppo/utils.py), without importing verl (torch: a minute on a loaded 2-core machine, in every page
+    kernel that showed the knob table)."""
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy, need_reward_model
+
+    config = verl_config.compose_config(overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        verls = (bool(need_reference_policy(config)), bool(need_critic(config)), bool(need_reward_model(config)))
+    roles = verl_config.roles_in_use(config)
+    assert (roles.reference_policy, roles.critic, roles.reward_model) == verls
+
+
+def test_the_pages_reads_and_a_previews_checks_need_no_verl(monkeypatch):
+    """The dashboard's knob table, device planner and a preview's checks read verl's YAML config only: a page kernel
+    never imports verl (and torch with it). Every verl module is hidden here, as if not imported yet."""
+    import sys
+
+    from workbench.plan import Plan
+    from workbench.session import Session, resolve_recording
+
+    verl_config.config_dir()  # where verl's YAML lies (found once per process, without importing verl)
+    for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")] + ["verl"]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import verl…` now fails
+    session = Session.attach(resolve_recording("h200-tuning"), read_only=True)
+    assert len(session.knob_table()) == len(KNOBS) and len(session.placement())
+    plan = session.plan.with_changes({"actor_token_budget": 8192})
+    plan.validate(with_verl=False)
+    assert isinstance(plan, Plan)

@@ -281,11 +281,13 @@ _warmed = False
 
 
 def warm_plan_checks() -> None:
-    """Import what the plan checks need (verl's role rules pull in torch: seconds) in the background, once per
-    process, so an operator's first preview does not wait for it."""
+    """Compose verl's config in the background, once per process, so an operator's first preview does not wait
+    for it. Previews run the fast checks only: verl itself (torch with it: a minute on a loaded 2-core machine, in
+    every operator page kernel) is imported where its own check runs (the supervisor; a live Start)."""
     global _warmed
     with _warming:
         if _warmed:
             return
         _warmed = True
-    threading.Thread(target=verl_config.warm, name="warm-plan-checks", daemon=True).start()
+    threading.Thread(target=verl_config.warm, kwargs={"with_verl": False}, name="warm-plan-checks",
+                     daemon=True).start()

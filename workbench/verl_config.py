@@ -87,6 +87,10 @@ def override_keys(overrides: Iterable[str]) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 
 _ABSENT = object()
+# Keys verl reads that exist only as fields of a node's `_target_` dataclass, not in its YAML, with verl 0.9.1's
+# defaults: reading them from the dataclass imports verl (and torch: a minute on a loaded 2-core machine, in every page
+# kernel that showed the knob table). tests/test_knobs.py holds each to verl's own dataclass.
+DATACLASS_ONLY_DEFAULTS = {"critic.ppo_infer_max_token_len_per_gpu": 32768}
 
 
 def _target_dataclass(node: Any) -> type | None:
@@ -151,6 +155,8 @@ def plain(value: Any) -> Any:
 def read_key(config: DictConfig, key: str) -> Any:
     """The resolved value of `key`, falling back to its dataclass field default; KeyError if verl has no such key."""
     value = OmegaConf.select(config, key, default=_ABSENT, throw_on_missing=False)
+    if value is _ABSENT:
+        value = DATACLASS_ONLY_DEFAULTS.get(key, _ABSENT)
     if value is _ABSENT:
         value = _dataclass_field_default(config, key)
     if value is _ABSENT:
@@ -296,16 +302,16 @@ class RolesInUse:
 
 
 def roles_in_use(config: DictConfig) -> RolesInUse:
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy, need_reward_model
-
-    with warnings.catch_warnings():
-        # need_critic warns when it turns the critic off for a non-GAE estimator; that is an answer, not a problem.
-        warnings.simplefilter("ignore")
-        return RolesInUse(
-            reference_policy=bool(need_reference_policy(config)),
-            critic=bool(need_critic(config)),
-            reward_model=bool(need_reward_model(config)),
-        )
+    """verl 0.9.1's need_reference_policy, need_critic and need_reward_model (verl/trainer/ppo/utils.py), read from
+    the config as they read it: their module imports torch (a minute on a loaded 2-core machine), which every page
+    kernel paid for its knob table. tests/test_knobs.py holds these reads to verl's own functions."""
+    critic = config.critic.enable
+    return RolesInUse(
+        reference_policy=bool(config.algorithm.get("use_kl_in_reward", False)
+                              or config.actor_rollout_ref.actor.use_kl_loss),
+        critic=bool(critic) if critic is not None else config.algorithm.adv_estimator == "gae",
+        reward_model=bool(config.reward.reward_model.enable),
+    )
 
 
 def _innermost(error: BaseException) -> BaseException:
@@ -338,10 +344,12 @@ def verl_validation_problem(config: DictConfig) -> tuple[str, str | None] | None
     return None
 
 
-def warm() -> None:
-    """Import the verl modules the plan checks use (verl's role rules and config dataclasses pull in torch: seconds),
-    e.g. in a background thread, so the first check a user waits for does not pay for it."""
-    from verl.utils.config import validate_config  # noqa: F401 (imported for its cost, not its use)
+def warm(with_verl: bool = True) -> None:
+    """Compose verl's default config (Hydra: about a second) and, with_verl, import the verl modules verl's own
+    config check uses (they pull in torch: seconds), e.g. in a background thread, so the first check a user waits
+    for does not pay for it. A preview's fast checks (with_verl=False) need the composed config only."""
+    if with_verl:
+        from verl.utils.config import validate_config  # noqa: F401 (imported for its cost, not its use)
 
     config = default_config()
     roles_in_use(config)
