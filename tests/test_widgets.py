@@ -11,8 +11,8 @@ which the live-update test watches the charts grow.
 from __future__ import annotations
 
 import asyncio
-import threading
 import html
+import threading
 import time
 from types import SimpleNamespace
 
@@ -190,6 +190,21 @@ def test_an_invalid_value_marks_its_widget_and_queues_nothing(proof):
     offers = [b.description for b in d.changes.recorded.buttons.children]
     assert any("actor_token_budget = 32768" in o for o in offers) and not any(b.disabled for b in d.changes.recorded.buttons.children)
     d.changes.discard_button.click()
+
+
+def test_a_pages_build_leaves_the_replays_offers_to_the_derived_reads(proof, monkeypatch):
+    """A replay's offers (the changes its recording can play) compose the recording's plans with Hydra (~1 s a plan
+    on a quiet 2-core machine, 10-16 s at load 18): done in the page's first read they held up the page's first
+    render by seconds (issue 15: page open -> every chart drawn). They come with the knob table instead."""
+    threads = []
+    recorded_changes = Session.recorded_changes
+    monkeypatch.setattr(Session, "recorded_changes",
+                        lambda self: threads.append(threading.current_thread().name) or recorded_changes(self))
+    d = Dashboard(Session.attach(proof.dir, read_only=True))  # no event loop: the page's build, no update task
+    on_build = list(threads)
+    d.refresh()
+    assert threading.main_thread().name not in on_build
+    assert any("actor_token_budget = 32768" in b.description for b in d.changes.recorded.buttons.children)
 
 
 def test_a_viewer_sees_everything_and_controls_nothing_until_the_token(proof):

@@ -267,7 +267,7 @@ class ChangesPanel:
             handle = tracked.handle.refresh()
             progress = self._progress(tracked, handle, feed.events)
         knobs = feed.knob_table if "knobs" in news or not self.editors else None
-        return knobs, progress, feed.meta.get("gpu_count"), self.recorded.prepare(self.ctx.session, news), feed.state
+        return knobs, progress, feed.meta.get("gpu_count"), self.recorded.prepare(feed, news), feed.state
 
     def _progress(self, tracked: Tracked, handle, events: pd.DataFrame) -> tuple[str, dict[str, str], bool]:
         state = handle.state

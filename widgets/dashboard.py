@@ -80,7 +80,7 @@ NO_VIEW_PAUSE_S = 30.0
 PAUSED_POLL_S = 0.2  # while paused the loop only looks for a view again: no store reads, no messages
 # What a full refresh tells every panel is new (each then recomputes and re-sends what it shows).
 ALL_NEWS = frozenset({"state", "meta", "steps", "events", "samples", "step_samples", "knobs", "segments",
-                      "placement", "findings"})
+                      "placement", "offers", "findings"})
 
 
 def page_query(query_string: str | None = None) -> dict[str, str]:

@@ -21,12 +21,15 @@ TABLES = ("steps", "samples", "procs", "events", "segments", "commands", "meta")
 # Buckets per GPU the SQL aggregation returns for a window; the charts downsample further (min/max-preserving).
 SAMPLE_BUCKETS = 2000
 # Seconds between re-reads of derived data that only moves at step pace.
-MIN_INTERVAL_S = {"knobs": 0.0, "segments": 3.0, "placement": 3.0, "findings": 30.0}
+MIN_INTERVAL_S = {"knobs": 0.0, "segments": 3.0, "placement": 3.0, "offers": 0.0, "findings": 30.0}
 # Derived reads: news name -> (the feed's attribute, the poll tables whose news make it stale, the Session method).
+# The knob table and a replay's offers compose plans with Hydra (~1 s a plan on a quiet 2-core machine): never on
+# the page's first read, which the page's first render waits for.
 DERIVED = {
     "knobs": ("knob_table", {"segments"}, "knob_table"),
     "segments": ("segments", {"segments", "steps"}, "segments"),
     "placement": ("placement", {"procs", "segments"}, "placement"),
+    "offers": ("offers", {"segments"}, "recorded_changes"),
 }
 EVENTS_KEPT = 500
 # Steps the step breakdown shows; their GPU-busy share needs the samples of their time span.
@@ -105,6 +108,7 @@ class Feed:
         self.step_samples = pd.DataFrame()  # the span of the last STEPS_SHOWN steps, per second
         self.placement: Any = None
         self.knob_table = pd.DataFrame()
+        self.offers: list[dict[str, Any]] = []  # on a replay: the changes its recording can play from the plan in force
         self.findings: list = []
         self.findings_note = "advice: waiting for measured steps"
         self._buckets: Buckets | None = None

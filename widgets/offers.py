@@ -1,6 +1,7 @@
 """The changes a replay can play, one click each: a replay plays only what its recording holds, so the page lists
-the changes from the plan in force that lead to another recorded plan (`Session.recorded_changes`), each with a
-button that applies it. A live session can take any valid change: nothing is listed."""
+the changes from the plan in force that lead to another recorded plan (`Session.recorded_changes`, read by the
+feed beside the knob table), each with a button that applies it. A live session can take any valid change: nothing
+is listed."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ class RecordedChanges:
         self.widget = W.VBox([self.note, self.buttons], _dom_classes=["wb-recorded-changes"])
         self.offers: list[dict[str, Any]] = []
 
-    def prepare(self, session, news) -> list[dict[str, Any]] | None:
-        """The offers anew when the plan in force may have changed (its knob table arrived); else None."""
-        return session.recorded_changes() if "knobs" in news else None
+    def prepare(self, feed, news) -> list[dict[str, Any]] | None:
+        """The offers anew when the feed read them again (the plan in force may have changed); else None."""
+        return feed.offers if "offers" in news else None
 
     def show(self, offers: list[dict[str, Any]] | None, operator: bool, state: str | None) -> None:
         if offers is not None and offers != self.offers:

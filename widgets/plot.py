@@ -37,12 +37,13 @@ RESYNC_AFTER_S = 2.0
 
 @functools.lru_cache(maxsize=1)
 def plotly_js_gzip() -> bytes:
-    """plotly.min.js from the installed plotly package (no network), gzipped once per process."""
+    """plotly.min.js from the installed plotly package (no network), gzipped once per process: at level 1 (0.13 s,
+    1.71 MB; level 6 took 0.27-0.53 s of every page's build for 1.47 MB, on a local socket)."""
     spec = importlib.util.find_spec("plotly")  # its location only: importing plotly costs seconds
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("the charts need the plotly package (pip install plotly)")
     path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
-    return gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
+    return gzip.compress(path.read_bytes(), compresslevel=1, mtime=0)
 
 
 def to_wire(value: Any) -> Any:
