@@ -142,11 +142,13 @@ CHART_POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot
 
 
 # Per chart panel: the data points drawn in its SVG (markers, bars, and the vertices of lines with data), read from
-# the DOM a person sees, not from the figure's data.
+# the DOM a person sees, not from the figure's data; none where the plot takes no room on the page.
 CHART_PANELS = ("wb-utilization", "wb-steps", "wb-throughput")
 CHART_DRAWN_JS = """(panels) => Object.fromEntries(panels.map(panel => {
     const gd = document.querySelector(`.${panel} .js-plotly-plot`);
     if (!gd) return [panel, 0];
+    const box = gd.getBoundingClientRect();
+    if (box.width < 1 || box.height < 1 || getComputedStyle(gd).visibility === 'hidden') return [panel, 0];
     const marks = gd.querySelectorAll('g.trace g.points > *').length;
     const vertices = Array.from(gd.querySelectorAll('g.trace path.js-line')).map(p => p.getAttribute('d') || '')
         .filter(d => d.includes('L')).reduce((n, d) => n + d.split('L').length, 0);
@@ -157,7 +159,8 @@ CHART_DRAWN_JS = """(panels) => Object.fromEntries(panels.map(panel => {
 # view then fails with "Cannot read properties of undefined (reading 'create_view')", a page error).
 WIDGET_FAILURES = ("Failed to initialize model", "Could not create", "Error creating widget", "Error rendering",
                    "Failed to load model", "Class not found", "widget model not found", "Could not instantiate widget",
-                   "can not be instantiated", "Could not process update msg", "Error displaying widget")
+                   "can not be instantiated", "Could not process update msg", "Error displaying widget",
+                   "[verl-workbench]")  # our charts' own words when plotly.js did not load or a draw failed
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Every chart drawn after the page's widgets are there, on a loaded 2-core machine (bench/ has the quiet figure).
 DRAWN_WITHIN_S = 120

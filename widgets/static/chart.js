@@ -8,6 +8,7 @@
 // While a chart is shown it tells the kernel so every few seconds (with the revision it drew): the kernel's update
 // loop pauses when no page shows it, and re-sends the state a view missed (a dropped connection).
 const HEARTBEAT_MS = 5000;
+const CONFIG = { displaylogo: false, responsive: true };
 const SLOT = "__verlWorkbenchPlotly";
 
 function plotlySlot() {
@@ -69,15 +70,39 @@ function render({ model, el }) {
   el.appendChild(div);
   let drawn = -1;
   let alive = true;
-  const draw = (Plotly) => {
+  // A draw that fails (throws, or its promise rejects) is said in the console (the browser tests fail on it) and
+  // drawn anew from scratch: CI once showed a step breakdown left blank as a replay ended, a moment after every
+  // chart had been seen drawn (not reproduced since). The config goes with the first draw only: Plotly.react given
+  // a config resets the plot's context (plotly.js issue 4856).
+  const drawAnew = (Plotly, figure, error) => {
+    console.error("[verl-workbench] a chart's draw failed; drawn anew", error);
     if (!alive) return;
-    if (drawn < 0) div.textContent = "";
+    Plotly.purge(div);
+    Promise.resolve(Plotly.newPlot(div, figure.data || [], figure.layout || {}, CONFIG))
+      .catch((again) => console.error("[verl-workbench] a chart could not be drawn", again));
+  };
+  const draw = (Plotly) => {
+    const revision = model.get("revision");
+    if (!alive || revision === drawn) return;
     const figure = decode(model.get("figure") || {});
-    Plotly.react(div, figure.data || [], figure.layout || {}, { displaylogo: false, responsive: true });
-    drawn = model.get("revision");
+    const first = drawn < 0;
+    if (first) div.textContent = "";
+    try {
+      const done = Plotly.react(div, figure.data || [], figure.layout || {}, ...(first ? [CONFIG] : []));
+      if (done && typeof done.catch === "function") done.catch((error) => drawAnew(Plotly, figure, error));
+    } catch (error) {
+      drawAnew(Plotly, figure, error);
+    }
+    drawn = revision;
     div.dataset.revision = String(drawn);
   };
-  const beat = () => model.send({ kind: "view", revision: drawn });
+  const beat = () => {  // a page unloading or reloading has closed its kernel connection: the next view says so
+    try {
+      model.send({ kind: "view", revision: drawn });
+    } catch (error) {
+      if (!String(error && error.message).startsWith("Cannot send")) throw error;
+    }
+  };
   let redraw = () => {};
   let plotly = null;
   plotlySlot().promise.then((Plotly) => {
@@ -87,8 +112,8 @@ function render({ model, el }) {
     model.on("change:figure", redraw);
     beat();
   });
-  const resize = new ResizeObserver(() => {
-    if (drawn >= 0 && alive) plotly.Plots.resize(div);
+  const resize = new ResizeObserver(() => {  // a chart hidden meanwhile refuses the resize: nothing to draw then
+    if (drawn >= 0 && alive) plotly.Plots.resize(div).catch(() => {});
   });
   resize.observe(el);
   beat();
