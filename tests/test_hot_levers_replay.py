@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from workbench import verl_config
 from workbench.plan import PlanError
+from workbench.recordings import recorded_plans
 from workbench.replay import NO_RECORDED_SEGMENT, Recording
 from workbench.session import Session, resolve_recording
 
@@ -26,11 +28,13 @@ FUSED_LEVER = {"fused_kernels": True, "use_dynamic_bsz": True, "actor_token_budg
 
 
 def test_the_fused_lever_is_applied_hot_on_a_replay(tmp_path):
+    # This process's first checks import verl and compose the recording's plans (seconds each on a loaded machine):
+    # paid before the replay starts, whose quickstart segment ends ~6 s after its step 2. A change sent before its
+    # last step ends is applied (the replay holds the step while the change is on its way: test_replay_end).
+    verl_config.warm()
+    recorded_plans(resolve_recording("h200-tuning")).knobs  # noqa: B018 (read for its cost)
     session = Session.replay("h200-tuning", speed=SPEED, startup_speed=STARTUP_SPEED, follow=False, root=tmp_path)
     try:
-        # Previewed during the start-up (the plan in force is the same): the previews' first checks take seconds
-        # on a loaded machine, and the recorded quickstart segment ends ~6 s after its step 2. A change sent before
-        # its last step ends is applied (the replay holds the step while the change is on its way: test_replay_end).
         assert session.preview(FUSED_LEVER).mode == "hot"
         assert session.preview({"gradient_checkpointing": False}).mode == "hot"
         session.wait_for_step(2, timeout=TIMEOUT)

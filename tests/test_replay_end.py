@@ -13,21 +13,18 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET
 from workbench import control as c
-from workbench.plan import Plan, PlanError
-from workbench.lifecycle import replay_launch
+from workbench.plan import PlanError
 from workbench.recordings import REPLAY_ENDED
-from workbench.replay import Recording, replay_factory
-from workbench.session import Session, resolve_recording
+from workbench.replay import replay_factory
+from workbench.session import Session
 from workbench.store import SessionClosed, Store
 from workbench.supervisor import Supervisor
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = 5000  # recorded seconds per second: the recorded segment's steps in a few replay ticks
 HOLD_S = 1.5  # far longer than the whole segment takes at FAST
 TIMEOUT = 60.0
@@ -41,20 +38,16 @@ def wait_for(predicate, timeout: float = TIMEOUT) -> None:
         time.sleep(0.02)
 
 
-def session_store(tmp_path, recording, plan) -> Store:
+def started_supervisor(tmp_path, recording, plan) -> tuple[Supervisor, Store]:
     directory = tmp_path / "session"
     store = Store(directory)
     (directory / c.TOKEN_FILE).write_text(TOKEN)
     store.set_meta(initial_plan=plan.to_json(), kind="replay", recording=str(recording), speed=FAST, follow=False)
-    return store
-
-
-def started_supervisor(store: Store, recording) -> Supervisor:
-    """The supervisor of a replay that has started playing (its commands are taken when the test says)."""
-    supervisor = Supervisor(store.path.parent, run_factory=replay_factory(store.path.parent, recording, speed=FAST,
-                                                                          follow=False))
-    supervisor.launch(Plan.from_json(store.meta()["initial_plan"]), reason="start")
-    return supervisor
+    factory = replay_factory(directory, recording, speed=FAST, follow=False)
+    factory.ready.clear()  # the run waits until the test lets it play
+    supervisor = Supervisor(directory, run_factory=factory)
+    supervisor.launch(plan, reason="start")
+    return supervisor, store, factory.ready
 
 
 def answer(store: Store, command_id: int) -> tuple[str, dict]:
@@ -69,10 +62,10 @@ def play_to_the_end(supervisor: Supervisor) -> None:
 
 def test_a_change_sent_while_the_replay_plays_is_applied_though_the_supervisor_takes_it_late(
         tmp_path, recording, recorded_plans):
-    store = session_store(tmp_path, recording, recorded_plans["A"])
+    supervisor, store, play = started_supervisor(tmp_path, recording, recorded_plans["A"])
     command = store.put_command(c.APPLY, c.signed(TOKEN, c.APPLY, {"changes": {
         "actor_token_budget": HOT_NEIGHBOUR_BUDGET}}))
-    supervisor = started_supervisor(store, recording)  # the change is sent during the first step
+    play.set()  # sent during the first step
     time.sleep(HOLD_S)  # the supervisor does not look meanwhile; unheld, the replay would play on to its end
     assert (store.last_step() or 0) <= 1 and supervisor.run.poll() is None, "the replay went past a change on its way"
 
@@ -86,8 +79,8 @@ def test_a_change_sent_while_the_replay_plays_is_applied_though_the_supervisor_t
 
 def test_a_change_sent_as_the_replay_ends_is_refused_with_the_reason_not_left_queued(
         tmp_path, recording, recorded_plans, monkeypatch):
-    store = session_store(tmp_path, recording, recorded_plans["A"])
-    supervisor = started_supervisor(store, recording)
+    supervisor, store, play = started_supervisor(tmp_path, recording, recorded_plans["A"])
+    play.set()
     wait_for(lambda: supervisor.run.poll() is not None)  # it played its last step; the supervisor has not looked
     queued = store.put_command(c.APPLY, c.signed(TOKEN, c.APPLY, {"changes": {
         "actor_token_budget": HOT_NEIGHBOUR_BUDGET}}))
@@ -115,8 +108,8 @@ def test_a_change_sent_as_the_replay_ends_is_refused_with_the_reason_not_left_qu
 
 def test_a_change_that_comes_in_while_a_stop_is_handled_is_answered_before_the_supervisor_exits(
         tmp_path, recording, recorded_plans):
-    store = session_store(tmp_path, recording, recorded_plans["A"])
-    supervisor = started_supervisor(store, recording)
+    supervisor, store, play = started_supervisor(tmp_path, recording, recorded_plans["A"])
+    play.set()
     wait_for(lambda: store.last_step() is not None)
     late: list[int] = []
     stop = supervisor.cmd_stop
@@ -132,24 +125,3 @@ def test_a_change_that_comes_in_while_a_stop_is_handled_is_answered_before_the_s
     assert store.meta()["state"] == c.STOPPED
     state, result = answer(store, late[0])
     assert state == c.REFUSED and "stopped" in result["message"], (state, result)
-
-
-@pytest.mark.slow
-def test_a_replay_that_takes_no_change_never_imports_verl(tmp_path):
-    """verl, and torch with it, costs a process seconds of CPU to import; a replay's supervisor imports it for the
-    first change it checks (held at that step meanwhile: the first test), and a replay that takes none (most in the
-    tests, a demo nobody touches) never does. The real supervisor, in a fresh interpreter, on the bundled recording."""
-    recording = resolve_recording("h200-tuning")
-    plan_json, meta, args = replay_launch(recording, speed=FAST, follow=False, crash_at_step=None)
-    directory = tmp_path / "session"
-    store = Store(directory)
-    (directory / c.TOKEN_FILE).write_text(TOKEN)
-    (directory / c.LOG_DIR).mkdir()
-    store.set_meta(initial_plan=plan_json, state=c.STARTING, **meta)
-    code = ("import sys; from workbench import supervisor; rc = supervisor.main(sys.argv[1:]); "
-            "print(rc, sorted({'verl', 'torch'} & set(sys.modules)))")
-    done = subprocess.run([sys.executable, "-c", code, "--session", str(directory), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip().splitlines()[-1:] == ["0 []"], done.stdout + done.stderr
-    assert store.meta()["state"] == c.FINISHED
-    assert store.last_step() == len(Recording(recording).segments[0].steps)  # it played its whole first segment

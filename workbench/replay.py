@@ -168,7 +168,7 @@ class ReplayRun:
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,
         resume_step: int | None, speed: float, crash_due: Callable[[int], bool], operator: RecordedOperator | None,
-        startup_speed: float | None = None,
+        ready: threading.Event, startup_speed: float | None = None,
     ):
         self._store = store
         self._recording = recording
@@ -179,6 +179,7 @@ class ReplayRun:
         self._startup_speed = startup_speed or speed  # verl's recorded start-up, before the first step
         self._crash_due = crash_due
         self._operator = operator
+        self._ready = ready
         self._boundary = StepBoundary(
             store, segment_id, hot_apply=self._hot_apply, checkpoint=self._checkpoint, end_run=lambda: None,
             idle=self._idle, replay=True, token=(session_dir / c.TOKEN_FILE).read_text().strip(),
@@ -225,6 +226,11 @@ class ReplayRun:
         self._log.flush()
 
     def _play(self) -> int:
+        while not self._ready.wait(TICK_S):
+            if self._killed.is_set():
+                raise _Killed()
+        for recorded in self._recording.segments:
+            recorded.knobs  # noqa: B018 (parsed before playing, so that a change's check finds them parsed)
         segment = self._recording.segment_for(self._plan, after_step=self._resume_step)
         if segment is None:
             raise RuntimeError(NO_RECORDED_SEGMENT)
@@ -375,6 +381,9 @@ class ReplayFactory:
         self.store = Store(self.session_dir)
         self.speed, self.startup_speed = speed, startup_speed
         self._crash_at_step = crash_at_step
+        # Set when runs may play: the supervisor holds them until its process has imported verl.
+        self.ready = threading.Event()
+        self.ready.set()
         self.operator = None
         if follow:
             token = (self.session_dir / c.TOKEN_FILE).read_text().strip()
@@ -392,7 +401,7 @@ class ReplayFactory:
         resume_step = self.store.segment(segment_id)["resumed_from_step"]
         return ReplayRun(
             self.store, self.recording, self.session_dir, segment_id, plan, resume_step, self.speed, self._crash_due,
-            self.operator, self.startup_speed,
+            self.operator, self.ready, self.startup_speed,
         )
 
 

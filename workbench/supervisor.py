@@ -10,8 +10,8 @@
 Control belongs to the operator: each command carries a signature made with the session's operator token
 (control.py). An apply is answered at once (accepted / restarting / refused with problems keyed by knob) and followed
 to its end (applied at step N by the runner, resumed at step N after a restart, or not_applied when the run ends
-first). verl's own config check runs here, once per change, in this process: a live run's supervisor imports verl in
-the background when it starts; a replay's only for the first change it checks (most replays take none).
+first). verl's own config check runs here, once per change, in this process that imported verl already (in the
+background when it started).
 """
 
 from __future__ import annotations
@@ -61,15 +61,10 @@ class Supervisor:
         self.ended: str | None = None  # why no run takes commands, once the run ended well (its end_words)
         self.sampler: subprocess.Popen | None = None
         self.ray = SessionRayCluster(session_dir)
-        # verl's first import and a plan's first composition cost seconds (CPU seconds, too): a live run pays them
-        # now, beside its minutes of start-up, not when the first change comes (it must reach the next step
-        # boundary). Another run (a replay) pays them with the first change it checks: the replay holds that step
-        # until the change is answered (replay.py), and a replay that takes no change never imports verl.
+        # verl's first import and a plan's first composition cost seconds: pay them now, beside the run's start, not
+        # when the first change comes (it must reach the next step boundary).
         self.warmed = threading.Event()
-        if run_factory is None:
-            threading.Thread(target=self._warm, name="warm-verl", daemon=True).start()
-        else:
-            self.warmed.set()
+        threading.Thread(target=self._warm, name="warm-verl", daemon=True).start()
 
     def _warm(self) -> None:
         try:
@@ -503,6 +498,10 @@ def _start(argv: list[str] | None) -> Supervisor:
         url = f"http://127.0.0.1:{port}/metrics"
         supervisor.store.set_meta(prometheus_url=url)
         supervisor.store.add_event("prometheus", f"metrics for Prometheus at {url}", {"url": url})
+    if args.replay is not None:
+        # Importing verl holds the interpreter for tenths of a second at a time: the replay starts playing at its
+        # recorded pace once it has ended (a live run's own start-up takes minutes, beside which it runs unnoticed).
+        run_factory.ready = supervisor.warmed
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
     return supervisor
