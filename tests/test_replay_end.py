@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.polling import wait_until
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET
 from workbench import control as c
 from workbench.plan import PlanError
@@ -32,10 +33,7 @@ TOKEN = "token"
 
 
 def wait_for(predicate, timeout: float = TIMEOUT) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.02)
+    wait_until(predicate, timeout, every=0.02, what="timed out")
 
 
 def started_supervisor(tmp_path, recording, plan) -> tuple[Supervisor, Store]:

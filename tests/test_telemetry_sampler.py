@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from tests.polling import wait_until
 from tests.telemetry_traces import QUICKSTART, TUNED
 from workbench.store import Store
 from workbench.telemetry.nvml import TraceReader
@@ -42,10 +43,7 @@ class RecordingWithProcesses(TraceReader):
 
 
 def _wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    wait_until(predicate, timeout, every=0.05, what="timed out")
 
 
 def test_sampler_writes_batches_at_the_asked_rate(tmp_path):

@@ -20,6 +20,7 @@ import ipywidgets as W
 import numpy as np
 import pytest
 
+from tests.polling import wait_until
 from widgets.common import READ_ONLY_REASON, fmt
 from widgets.dashboard import Dashboard, page_query
 from widgets.knob_editor import as_text
@@ -38,10 +39,7 @@ ENDED = ("stopped", "finished", "failed", "lost")
 
 
 def wait(predicate, timeout: float = TIMEOUT, every: float = 0.2):
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, "condition not met in time"
-        time.sleep(every)
+    wait_until(predicate, timeout, every)
 
 
 def refreshed_until(d: Dashboard, predicate, timeout: float = TIMEOUT) -> None:

@@ -6,10 +6,10 @@ and starts nothing; with knobs chosen Tune runs `Session.tune` in its own thread
 from __future__ import annotations
 
 import html
-import time
 
 import pytest
 
+from tests.polling import wait_until
 from widgets.common import READ_ONLY_REASON
 from widgets.dashboard import Dashboard
 from widgets.tune import AUTOPILOT_RUNNING, NO_KNOB, RUNNING_REASON
@@ -22,10 +22,7 @@ PROOF = "h200-proof"
 
 
 def wait(predicate, timeout: float = TIMEOUT) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, "condition not met in time"
-        time.sleep(0.2)
+    wait_until(predicate, timeout)
 
 
 @pytest.fixture
