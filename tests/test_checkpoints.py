@@ -75,3 +75,100 @@ def test_every_launch_prunes_what_no_run_resumes_from(tmp_path, runnable_plan):
     assert list(checkpoints.checkpoint_dirs(tmp_path)) == [9]
     launched = [e for e in supervisor.store.rows("events") if e["kind"] == c.EV_LAUNCHED][-1]
     assert "deleted checkpoint of step 4" in launched["text"]
+
+
+# ------------------------------------------------------------------ in host memory; the HF export only where needed
+GIB = 2**30
+
+
+def memory_root(tmp_path: Path) -> Path:
+    """A stand-in for /dev/shm (a directory of the test's own; its free space is what disk_usage is made to say)."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    return root
+
+
+def test_checkpoints_go_to_host_memory_when_it_holds_one_beside_the_reserve(tmp_path, monkeypatch):
+    session, root = tmp_path / "session", memory_root(tmp_path)
+    session.mkdir()
+    monkeypatch.setattr(checkpoints, "host_memory_bytes", lambda: 128 * GIB)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(64 * GIB, 0, 64 * GIB))
+    words = checkpoints.place(session, expected_bytes=14 * 10**9, memory_root=root)  # 1.1 x 14 + 0.3 x 137 < 68
+    assert "host memory" in words and "14 GB each" in words
+    target = (session / c.CHECKPOINT_DIR).resolve()
+    assert (session / c.CHECKPOINT_DIR).is_symlink() and target.is_relative_to(root.resolve())
+    write_checkpoint(session, 4)  # verl writes through the link; retention works as on disk
+    write_checkpoint(session, 9)
+    assert [p.name for p in checkpoints.prune(session)] == ["global_step_4"]
+    assert (target / "global_step_9").is_dir()
+    assert checkpoints.place(session, expected_bytes=14 * GIB, memory_root=root) == ""  # decided once per session
+
+    assert checkpoints.release(session) == target
+    assert not target.exists() and not (session / c.CHECKPOINT_DIR).exists()
+    assert checkpoints.release(session) is None  # nothing left to release
+
+
+def test_checkpoints_stay_on_disk_when_memory_is_short_unknown_or_turned_off(tmp_path, monkeypatch):
+    root = memory_root(tmp_path)
+    monkeypatch.setattr(checkpoints, "host_memory_bytes", lambda: 128 * GIB)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(64 * GIB, 0, 64 * GIB))
+    for i, (expected, env) in enumerate([(37 * GIB, None),   # a 1.5B actor + critic: 1.1 x 37 + 38.4 > 64
+                                         (None, None),       # the model's size is unknown
+                                         (1 * GIB, "0")]):   # WORKBENCH_CHECKPOINTS_IN_MEMORY=0
+        session = tmp_path / f"session{i}"
+        session.mkdir()
+        if env is not None:
+            monkeypatch.setenv(checkpoints.IN_MEMORY_ENV, env)
+        assert checkpoints.place(session, expected_bytes=expected, memory_root=root) == ""
+        assert not (session / c.CHECKPOINT_DIR).exists() and checkpoints.release(session) is None
+    assert checkpoints.place(tmp_path / "session0", expected_bytes=GIB, memory_root=tmp_path / "no-such") == ""
+
+
+def test_a_session_with_checkpoints_on_disk_keeps_them_there(tmp_path, monkeypatch):
+    root = memory_root(tmp_path)
+    monkeypatch.setattr(checkpoints, "host_memory_bytes", lambda: 128 * GIB)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(64 * GIB, 0, 64 * GIB))
+    write_checkpoint(tmp_path, 4)
+    assert checkpoints.place(tmp_path, expected_bytes=GIB, memory_root=root) == ""
+    assert not (tmp_path / c.CHECKPOINT_DIR).is_symlink() and list(checkpoints.checkpoint_dirs(tmp_path)) == [4]
+
+
+def test_checkpoint_size_follows_the_models(tiny_model):
+    from workbench.memory import KNOWN_SHAPES
+
+    shape = KNOWN_SHAPES["qwen2.5-1.5b"]
+    both = checkpoints.expected_bytes(shape, shape, hf_export=False)
+    assert both == 12 * (shape.policy_params + shape.value_params)  # fp32 weights + Adam's two moments, each model
+    assert 35e9 < both < 38e9  # ≈ 36 GB for a 1.5B actor + critic, as measured on the H200
+    assert checkpoints.expected_bytes(shape, None, hf_export=True) == 16 * shape.policy_params
+    assert checkpoints.expected_bytes(None, shape, hf_export=False) is None
+
+
+def test_the_actor_hf_export_is_written_only_where_the_gpu_count_can_change():
+    assert checkpoints.hf_export_needed(machine_gpus=1) is False  # one GPU: the actor's world size can't change
+    assert checkpoints.hf_export_needed(machine_gpus=8) is True
+    assert checkpoints.hf_export_needed(machine_gpus=None) is True  # unknown: keep it, a restart may need it
+
+
+def test_a_live_run_places_checkpoints_before_it_starts_and_the_supervisor_releases_them_at_its_end(
+        tmp_path, runnable_plan, monkeypatch):
+    from workbench import runs, supervisor as supervisor_module
+    from workbench.supervisor import Supervisor
+
+    placed, released = [], []
+    monkeypatch.setattr(checkpoints, "place", lambda session, expected: placed.append(expected) or
+                        "checkpoints kept in host memory")
+    monkeypatch.setattr(checkpoints, "release", lambda session: released.append(session))
+    monkeypatch.setattr(supervisor_module, "LiveRun", type("StubLiveRun", (StubRun,), {  # no verl process
+        "__init__": lambda self, *args, **kwargs: None, "proc": type("Proc", (), {"pid": 0})}))
+    monkeypatch.setenv("WORKBENCH_NO_SAMPLER", "1")
+    monkeypatch.setattr(runs, "gpu_count", lambda: 1)
+    (tmp_path / c.TOKEN_FILE).write_text("token")
+    supervisor = Supervisor(tmp_path)
+    supervisor.launch(runnable_plan, reason="start")
+    # The tests' tiny model, with its critic, no HF export (one GPU).
+    assert placed == [runs.checkpoint_bytes(runnable_plan)] and placed[0] > 0
+    assert "checkpoints kept in host memory" in supervisor.store.rows("events")[-1]["text"]
+    supervisor.run = None
+    supervisor.set_state(c.STOPPED)
+    assert supervisor.loop() == 0 and released == [tmp_path]

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from tests.plan_fixtures import runnable_plan, tiny_model  # noqa: F401 (fixtures)
 from workbench.runner import runtime, worker_hooks
 
 
@@ -26,10 +27,11 @@ def verl_like_config():
 def test_runtime_config_points_verl_at_the_session(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_SEGMENT_ID", "3")
     monkeypatch.delenv(runtime.ACTOR_HF_ENV, raising=False)
+    monkeypatch.delenv(runtime.ACTOR_HF_EXPORT_ENV, raising=False)
     config, _ = runtime.runtime_config(verl_like_config(), tmp_path)
     assert config.trainer.default_local_dir == str(tmp_path / "checkpoints")
     assert config.trainer.resume_mode == "auto"
-    assert "hf_model" in config.actor_rollout_ref.actor.checkpoint.save_contents
+    assert "hf_model" in config.actor_rollout_ref.actor.checkpoint.save_contents  # unless the supervisor says no
     env = config.ray_kwargs.ray_init.runtime_env
     assert env.worker_process_setup_hook == "workbench.runner.worker_hooks.setup"
     assert env.env_vars.WORKBENCH_SEGMENT_ID == "3"
@@ -66,3 +68,20 @@ def test_flash_attn_probe_matches_the_environment():
     import importlib.util
 
     assert worker_hooks.flash_attn_available() == (importlib.util.find_spec("flash_attn") is not None)
+
+
+def test_a_run_on_one_gpu_saves_no_hf_export(tmp_path, monkeypatch):
+    """The export only serves a restart onto another GPU count; the supervisor says when none can come
+    (runs.write_segment_config), and the checkpoint holds verl's own contents only."""
+    monkeypatch.setenv(runtime.ACTOR_HF_EXPORT_ENV, "0")
+    config, _ = runtime.runtime_config(verl_like_config(), tmp_path)
+    assert list(config.actor_rollout_ref.actor.checkpoint.save_contents) == ["model", "optimizer", "extra"]
+
+
+def test_the_segment_environment_says_whether_the_hf_export_is_needed(tmp_path, runnable_plan, monkeypatch):
+    from workbench import runs
+
+    for gpus, export in ((1, "0"), (2, "1"), (None, "1")):
+        monkeypatch.setattr(runs, "gpu_count", lambda: gpus)
+        env = runs.write_segment_config(tmp_path, 1, runnable_plan)
+        assert env[runtime.ACTOR_HF_EXPORT_ENV] == export

@@ -11,15 +11,26 @@ half-written one is not named in the marker). So:
   left half-written go.
 - `make_room(session_dir)`, before a run saves: where the disk can't hold a second checkpoint beside the newest, the
   newest goes first (a save that would fill the disk loses it anyway, and the run still holds the weights).
+
+Where they are kept: a restart waits for its checkpoint to be written and read back, and on the H200 both were bound
+by the disk (≈ 0.55 GB/s written: 65.7 s for the 1.5B checkpoint). So a session's checkpoints live in host memory
+(/dev/shm, a tmpfs) when it holds one beside what Ray's object store may take there, decided once at the session's
+first launch (`place`): `<session>/checkpoints` is then a link into it. They go when the supervisor ends
+(`release`); a checkpoint is only ever read by the session that wrote it. `WORKBENCH_CHECKPOINTS_IN_MEMORY=0` keeps
+them on disk. The actor's HF export (`hf_export_needed`) is only written where a restart can change the actor's GPU
+count: on a one-GPU machine it can't.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
 
 from . import control as c
+from .memory import ModelShape
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 ROOM_FACTOR = 1.1  # a new checkpoint is about as big as the last one; keep a margin
@@ -76,3 +87,65 @@ def words(removed: list[Path]) -> str:
         return ""
     steps = ", ".join(path.name.split("_")[-1] for path in removed)
     return f"deleted checkpoint{'s' if len(removed) > 1 else ''} of step {steps}"
+
+
+# ------------------------------------------------------------------ where they are kept, and what they hold
+IN_MEMORY_ENV = "WORKBENCH_CHECKPOINTS_IN_MEMORY"
+HOST_MEMORY_ROOT = Path("/dev/shm")
+MEMORY_DIR = "verl-workbench"
+# Ray's object store takes up to this share of host memory, in /dev/shm too (Ray's default object_store_memory).
+OBJECT_STORE_SHARE = 0.3
+# What verl's FSDP checkpoint holds per trained parameter: fp32 weights and Adam's two moments; the actor's HF export
+# adds its fp32 weights.
+CHECKPOINT_BYTES_PER_PARAM = 12
+HF_EXPORT_BYTES_PER_PARAM = 4
+
+
+def hf_export_needed(machine_gpus: int | None) -> bool:
+    """Whether checkpoints must carry the actor's HF export: only a restart onto another actor GPU count reads it
+    (runs.restart_environment), and on a one-GPU machine none can come. Unknown: keep it."""
+    return machine_gpus is None or machine_gpus > 1
+
+
+def expected_bytes(actor: ModelShape | None, critic: ModelShape | None, *, hf_export: bool) -> int | None:
+    """A checkpoint's size from the models' dimensions (None when the actor's are unknown)."""
+    if actor is None:
+        return None
+    params = actor.policy_params + (critic.value_params if critic is not None else 0)
+    return CHECKPOINT_BYTES_PER_PARAM * params + (HF_EXPORT_BYTES_PER_PARAM * actor.policy_params if hf_export else 0)
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def place(session_dir: str | Path, expected_bytes: int | None, memory_root: Path = HOST_MEMORY_ROOT) -> str:
+    """At a session's first launch: keep its checkpoints in host memory when a checkpoint of `expected_bytes` fits
+    there beside Ray's object store; returns words for the launch event ("" when they stay on disk)."""
+    link = Path(session_dir) / c.CHECKPOINT_DIR
+    if os.environ.get(IN_MEMORY_ENV, "auto") == "0" or expected_bytes is None or link.exists() or link.is_symlink():
+        return ""
+    try:
+        free = shutil.disk_usage(memory_root).free
+    except OSError:
+        return ""
+    if free < ROOM_FACTOR * expected_bytes + OBJECT_STORE_SHARE * host_memory_bytes():
+        return ""
+    session = Path(session_dir).resolve()  # one folder per session directory, even where two share a name
+    owner = f"{session.name}-{hashlib.sha1(str(session).encode()).hexdigest()[:8]}"
+    target = memory_root / MEMORY_DIR / owner / c.CHECKPOINT_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+    return (f"checkpoints kept in host memory ({target}; ≈ {expected_bytes / 1e9:.0f} GB each, "
+            f"{free / 1e9:.0f} GB free there): they go when the session ends")
+
+
+def release(session_dir: str | Path) -> Path | None:
+    """Free the host memory a session's checkpoints held (nothing for checkpoints on disk); returns what went."""
+    link = Path(session_dir) / c.CHECKPOINT_DIR
+    if not link.is_symlink():
+        return None
+    target = link.resolve()
+    shutil.rmtree(target.parent if target.parent.parent.name == MEMORY_DIR else target, ignore_errors=True)
+    link.unlink()
+    return target

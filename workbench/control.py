@@ -94,6 +94,7 @@ SEGMENT_ENV = "WORKBENCH_SEGMENT_ID"
 CRITIC_GPUS_ENV = "WORKBENCH_CRITIC_GPUS"
 SKIP_CRITIC_RESUME_ENV = "WORKBENCH_SKIP_CRITIC_RESUME"  # the critic's architecture changed: start it afresh
 ACTOR_HF_ENV = "WORKBENCH_ACTOR_HF"  # the GPU count changed: start from these exported actor weights
+ACTOR_HF_EXPORT_ENV = "WORKBENCH_ACTOR_HF_EXPORT"  # "0": checkpoints need no HF export (checkpoints.hf_export_needed)
 STEP_OFFSET_ENV = "WORKBENCH_STEP_OFFSET"  # steps already trained before a restart from HF weights
 SUPERVISOR_PID_ENV = "WORKBENCH_SUPERVISOR_PID"  # the supervisor that started the run: the run dies with it
 # How often the runner polls verl's V1 replay buffer for finished rollouts (verl's own: 2 s; runner/replay_buffer.py

@@ -15,10 +15,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from . import checkpoints
 from . import control as c
+from .lifecycle import gpu_count
+from .memory_fit import shape_for
 from .plan import Plan
 from .procs import kill_tree
 from .ray_cluster import SessionRayCluster
+from .verl_config import roles_in_use
 
 TAIL_LINES = 60
 OOM_SCAN_LINES = 2000
@@ -72,7 +76,15 @@ def write_segment_config(session_dir: Path, segment_id: int, plan: Plan) -> dict
     path.parent.mkdir(exist_ok=True)
     OmegaConf.save(plan.config, path)
     return {c.CRITIC_GPUS_ENV: str(plan.workbench["critic_gpus"]),
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.workbench["gpus"]))}
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.workbench["gpus"])),
+            c.ACTOR_HF_EXPORT_ENV: "1" if checkpoints.hf_export_needed(gpu_count()) else "0"}
+
+
+def checkpoint_bytes(plan: Plan) -> int | None:
+    """How big the plan's checkpoints will be, from its models' config.json (None where they can't be read)."""
+    actor = shape_for({}, str(plan.config.actor_rollout_ref.model.path))
+    critic = shape_for({}, str(plan.config.critic.model.path)) if roles_in_use(plan.config).critic else None
+    return checkpoints.expected_bytes(actor, critic, hf_export=checkpoints.hf_export_needed(gpu_count()))
 
 
 class LiveRun(Run):

@@ -36,7 +36,7 @@ from . import verl_config
 from .handles import judge_change
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .procs import end_child
-from .runs import (OOM_SCAN_LINES, LiveRun, Run, log_tail, looks_like_oom, machine_meta,
+from .runs import (OOM_SCAN_LINES, LiveRun, Run, checkpoint_bytes, log_tail, looks_like_oom, machine_meta,
                    restart_environment, traceback_tail)
 from .ray_cluster import SessionRayCluster
 from .store import Store, StoreError
@@ -86,6 +86,9 @@ class Supervisor:
         return Plan.from_json(self.store.last_segment()["plan_json"])
 
     def _live_run(self, segment_id: int, plan: Plan, env: dict[str, str]) -> Run:
+        placed = checkpoints.place(self.dir, checkpoint_bytes(plan))  # before the run can write one
+        if placed:
+            self.store.add_event(c.EV_RUNTIME, placed)
         return LiveRun(self.dir, segment_id, plan, env, ray=self.ray)
 
     # ----------------------------------------------------------------- segments
@@ -369,6 +372,7 @@ class Supervisor:
         finally:
             self._stop_sampler()
             self.ray.stop()
+            checkpoints.release(self.dir)
         return 0
 
     def _exiting(self) -> bool:

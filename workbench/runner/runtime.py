@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import redact
-from ..control import ACTOR_HF_ENV, CHECKPOINT_DIR
+from ..control import ACTOR_HF_ENV, ACTOR_HF_EXPORT_ENV, CHECKPOINT_DIR
 from .worker_hooks import flash_attn_available
 
 SETUP_HOOK = "workbench.runner.worker_hooks.setup"
@@ -29,9 +29,10 @@ def runtime_config(config: DictConfig, session_dir: Path) -> tuple[DictConfig, l
                              f"not handed it ({redact.SECRETS_ENV}); start the session from the plan that holds it")
         config.trainer.default_local_dir = str(session_dir / CHECKPOINT_DIR)
         config.trainer.resume_mode = "auto"
-        # An HF export beside the FSDP shards lets a restart on a different GPU count carry the actor weights over.
+        # An HF export beside the FSDP shards lets a restart on a different GPU count carry the actor weights over;
+        # the supervisor says when no such restart can come (one GPU), and the checkpoint is written faster.
         save_contents = list(config.actor_rollout_ref.actor.checkpoint.save_contents)
-        if "hf_model" not in save_contents:
+        if "hf_model" not in save_contents and os.environ.get(ACTOR_HF_EXPORT_ENV) != "0":
             config.actor_rollout_ref.actor.checkpoint.save_contents = [*save_contents, "hf_model"]
         actor_hf = os.environ.get(ACTOR_HF_ENV)
         if actor_hf:
