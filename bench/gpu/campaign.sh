@@ -45,6 +45,7 @@ PY
   (cd $C/pack && tar czf "$OUT/logs.tar.gz" logs)
   { date -u; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+    df -h /dev/shm /root; free -g; du -sh /dev/shm/verl-workbench 2>/dev/null
     ps -eo pid,etimes,pcpu,rss,args --sort=-pcpu | head -25 | cut -c1-200; } > "$OUT/status.txt" 2>&1
 }
 
