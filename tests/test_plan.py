@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -138,6 +140,16 @@ def test_every_knob_plan_is_valid_and_runs_through_the_workbench_launcher(every_
 
 
 # ----------------------------------------------------------------------------------------------- quickstart
+def test_verl_config_imports_hydra_whole_so_no_thread_imports_it_half_way():
+    """Hydra's modules import one another in a circle: a replay's supervisor whose warm-up thread composed while its
+    main thread read the plan's overrides failed to start now and then ("cannot import name 'OverridesParser' from
+    partially initialized module"). Importing verl_config (one thread does) leaves every Hydra module it uses loaded."""
+    code = ("import sys; import workbench.verl_config; print(sorted(m for m in ('hydra', 'hydra.errors', 'hydra.utils', "
+            "'hydra.core.override_parser.overrides_parser') if m not in sys.modules))")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert ran.stdout.strip() == "[]", (ran.stdout, ran.stderr[-1000:])
+
+
 def test_quickstart_import():
     plan = Plan.from_verl(QUICKSTART)
     assert plan.to_overrides() == QUICKSTART

@@ -144,7 +144,7 @@ def test_the_supervisor_says_what_happened_to_the_session_cluster_at_a_launch(tm
     supervisor.ray.notices = ["the session Ray cluster was unhealthy (its raylet is gone): a fresh one was started "
                               "for this run"]
     supervisor.launch(runnable_plan, reason="restart-class change")
-    supervisor.warmed.wait(timeout=300)  # its thread importing verl must not race the next test's imports
+    supervisor.warmed.wait(timeout=300)  # its warm-up thread (composing verl's config) ends with this test
     said = [e["text"] for e in supervisor.store.rows("events") if e["kind"] == c.EV_RUNTIME]
     assert said == supervisor.ray.notices
 

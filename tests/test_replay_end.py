@@ -13,12 +13,14 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.polling import wait_until
 from tests.replay_fixture import HOT_NEIGHBOUR_BUDGET
 from workbench import control as c
+from workbench.lifecycle import replay_launch
 from workbench.plan import PlanError
 from workbench.recordings import REPLAY_ENDED
 from workbench.replay import replay_factory
@@ -26,6 +28,7 @@ from workbench.session import Session
 from workbench.store import SessionClosed, Store
 from workbench.supervisor import Supervisor
 
+REPO = Path(__file__).resolve().parents[1]
 FAST = 5000  # recorded seconds per second: the recorded segment's steps in a few replay ticks
 HOLD_S = 1.5  # far longer than the whole segment takes at FAST
 TIMEOUT = 60.0
@@ -123,3 +126,26 @@ def test_a_change_that_comes_in_while_a_stop_is_handled_is_answered_before_the_s
     assert store.meta()["state"] == c.STOPPED
     state, result = answer(store, late[0])
     assert state == c.REFUSED and "stopped" in result["message"], (state, result)
+
+
+@pytest.mark.slow
+def test_a_replays_supervisor_checks_and_applies_a_change_without_importing_verl(tmp_path, recording):
+    """verl, and torch with it, costs a process ~11 CPU-seconds to import. A replay checks a change with the fast
+    checks only (verl's own check is for a live run), so its supervisor never imports verl, not even for a change:
+    the real supervisor, in a fresh interpreter, takes a change to the assembled recording, plays it to the end and
+    exits."""
+    plan_json, meta, args = replay_launch(recording, speed=FAST, follow=False, crash_at_step=None)
+    directory = tmp_path / "session"
+    store = Store(directory)
+    (directory / c.TOKEN_FILE).write_text(TOKEN)
+    (directory / c.LOG_DIR).mkdir()
+    store.set_meta(initial_plan=plan_json, state=c.STARTING, **meta)
+    change = store.put_command(c.APPLY, c.signed(TOKEN, c.APPLY, {"changes": {
+        "actor_token_budget": HOT_NEIGHBOUR_BUDGET}}))
+    code = ("import sys; from workbench import supervisor; rc = supervisor.main(sys.argv[1:]); "
+            "print(rc, sorted({'verl', 'torch'} & set(sys.modules)))")
+    ran = subprocess.run([sys.executable, "-c", code, "--session", str(directory), *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert answer(store, change)[0] == c.APPLIED, (answer(store, change), ran.stderr[-2000:])
+    assert store.meta()["state"] == c.FINISHED
+    assert ran.stdout.split("\n")[-2] == "0 []", (ran.stdout[-500:], ran.stderr[-2000:])

@@ -57,9 +57,7 @@ def split_overrides(overrides: Iterable[str]) -> tuple[tuple[str, ...], dict[str
     """(overrides with each credential's value replaced by the placeholder, {config key: credential value}).
 
     Overrides that set no credential stay exactly as written. The overrides must parse (Hydra's grammar)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from .verl_config import hydra_value
+    from .verl_config import OverridesParser, hydra_value  # Hydra imported whole, once (verl_config says why)
 
     overrides = tuple(overrides)
     parsed = OverridesParser.create().parse_overrides(list(overrides))

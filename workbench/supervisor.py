@@ -10,8 +10,9 @@
 Control belongs to the operator: each command carries a signature made with the session's operator token
 (control.py). An apply is answered at once (accepted / restarting / refused with problems keyed by knob) and followed
 to its end (applied at step N by the runner, resumed at step N after a restart, or not_applied when the run ends
-first). verl's own config check runs here, once per change, in this process that imported verl already (in the
-background when it started).
+first). For a live run verl's own config check runs here, once per change, in this process that imported verl
+already (in the background when it started); a replay's supervisor checks a change with the fast checks only and
+never imports verl.
 """
 
 from __future__ import annotations
@@ -62,13 +63,15 @@ class Supervisor:
         self.sampler: subprocess.Popen | None = None
         self.ray = SessionRayCluster(session_dir)
         # verl's first import and a plan's first composition cost seconds: pay them now, beside the run's start, not
-        # when the first change comes (it must reach the next step boundary).
+        # when the first change comes (it must reach the next step boundary). A replay's changes get the fast checks
+        # only (cmd_apply), so its supervisor composes and never imports verl: that would cost it ~11 of its ~13.5
+        # CPU-seconds for nothing.
         self.warmed = threading.Event()
-        threading.Thread(target=self._warm, name="warm-verl", daemon=True).start()
+        threading.Thread(target=self._warm, args=(run_factory is None,), name="warm-verl", daemon=True).start()
 
-    def _warm(self) -> None:
+    def _warm(self, with_verl: bool) -> None:
         try:
-            verl_config.warm()
+            verl_config.warm(with_verl=with_verl)
             initial = self.store.meta().get("initial_plan")
             if initial:
                 Plan.from_json(initial).knob_values()
@@ -503,8 +506,8 @@ def _start(argv: list[str] | None) -> Supervisor:
         supervisor.store.set_meta(prometheus_url=url)
         supervisor.store.add_event("prometheus", f"metrics for Prometheus at {url}", {"url": url})
     if args.replay is not None:
-        # Importing verl holds the interpreter for tenths of a second at a time: the replay starts playing at its
-        # recorded pace once it has ended (a live run's own start-up takes minutes, beside which it runs unnoticed).
+        # The warm-up (composing verl's config and the plan) holds the interpreter for tenths of a second at a time:
+        # the replay starts playing at its recorded pace once it has ended.
         run_factory.ready = supervisor.warmed
     if supervisor.store.last_segment() is None:
         supervisor.launch(Plan.from_json(supervisor.store.meta()["initial_plan"]), reason="start")
