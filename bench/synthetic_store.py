@@ -22,6 +22,7 @@ from workbench.store import SAMPLE_COLUMNS, Store
 
 SHAPE_SOURCE = Path(__file__).resolve().parents[1] / "workbench" / "assets" / "recordings" / "h200-proof"
 ROLES = ("actor_rollout_ref+critic", "rollout")
+NODE = "synthetic-node"
 CHUNK = 50_000
 
 
@@ -81,7 +82,7 @@ def _samples(store: Store, gpus: int, start: float, end: float, hz: float, rng) 
         "pcie_tx": rng.uniform(0, 1e8, total), "pcie_rx": rng.uniform(0, 1e8, total),
         "nvlink_tx": np.full(total, np.nan), "nvlink_rx": np.full(total, np.nan),
     }
-    node = "synthetic-node"
+    node = NODE
     for lo in range(0, total, CHUNK):
         hi = min(total, lo + CHUNK)
         rows = [
@@ -97,7 +98,7 @@ def _procs(store: Store, gpus: int, start: float, end: float, rng) -> None:
     for second in np.arange(start, end, 1.0):
         for g in range(gpus):
             for k, role in enumerate(ROLES):
-                rows.append((float(second), "synthetic-node", g, 10_000 + 10 * g + k, role, float(rng.uniform(5e3, 7e4))))
+                rows.append((float(second), NODE, g, 10_000 + 10 * g + k, role, float(rng.uniform(5e3, 7e4))))
         if len(rows) >= CHUNK:
             store.add_procs(rows)
             rows = []

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .common import assign, fmt, heading, table
+from .feed import gpu_rows
 
 EVENTS_SHOWN = 100
 BALANCE_EVERY_S = 5.0  # the balance summarises the whole chart window: at most this often, not every tick
@@ -20,22 +21,26 @@ def balance_table(samples: pd.DataFrame) -> tuple[list[list], list[str]]:
     """Per GPU over the window: n-weighted means of the per-bucket means, and peaks of the per-bucket maxima."""
     if samples is None or not len(samples):
         return [], []
-    weight = samples["n"] if "n" in samples else pd.Series(1.0, index=samples.index)
+    weight = samples["n"].to_numpy(dtype=np.float64) if "n" in samples else np.ones(len(samples))
+    columns = {c: samples[c].to_numpy(dtype=np.float64) for c in ("util", "sm_active", "tensor_active", "power_w",
+                                                                   "mem_used", "mem_used_max", "mem_total")
+               if c in samples}
+    one_node = samples["node"].nunique() == 1
     rows = []
-    for (node, gpu), group in samples.groupby(["node", "gpu"], sort=True):
-        w = weight.loc[group.index].to_numpy(dtype=np.float64)
+    for (node, gpu), positions in gpu_rows(samples, by_node=True):
+        w = weight[positions]
 
         def mean(column: str) -> float:
-            if column not in group:
+            if column not in columns:
                 return float("nan")
-            v = group[column].to_numpy(dtype=np.float64)
+            v = columns[column][positions]
             ok = ~np.isnan(v)
             return float(np.average(v[ok], weights=w[ok])) if ok.any() and w[ok].sum() > 0 else float("nan")
 
-        peak_column = "mem_used_max" if "mem_used_max" in group else "mem_used"
-        peak = float(group[peak_column].max()) / 1024.0
-        total = float(group["mem_total"].max()) / 1024.0 if "mem_total" in group else float("nan")
-        rows.append([gpu if samples["node"].nunique() == 1 else f"{node}:{gpu}", mean("util"), mean("sm_active"),
+        peak = float(pd.Series(columns.get("mem_used_max", columns["mem_used"])[positions]).max()) / 1024.0
+        total = float(pd.Series(columns["mem_total"][positions]).max()) / 1024.0 if "mem_total" in columns \
+            else float("nan")
+        rows.append([gpu if one_node else f"{node}:{gpu}", mean("util"), mean("sm_active"),
                      mean("tensor_active"), f"{fmt(peak)} / {fmt(total)}", mean("power_w")])
     utils = [r[1] for r in rows if not np.isnan(r[1])]
     notes = []

@@ -37,6 +37,7 @@ class ExportPanel:
         self.buttons = W.HTML(_dom_classes=["wb-export-buttons"])
         self._dirty = True
         self._options: list = []
+        self._options_of = None  # the segments frame the options were built from
         self.segment.observe(self._changed, "value")
         self.format.observe(self._changed, "value")
         self.widget = W.VBox([heading("Export"), W.HBox([self.segment, self.format]), self.text, self.buttons],
@@ -52,6 +53,9 @@ class ExportPanel:
         with self.ctx.lock:
             dirty, self._dirty = self._dirty, False
             segment, fmt = self.segment.value, self.format.value
+        if not dirty and feed.segments is self._options_of:  # the feed replaces its segments frame when it reads them
+            return None
+        self._options_of = feed.segments
         options = [("plan in force", IN_FORCE)] + [
             (f"segment {int(r['id'])} ({r.get('status', '')})", int(r["id"]))
             for r in feed.segments.to_dict("records")

@@ -2,9 +2,10 @@
 
 One `Feed.read()` per tick (in a worker thread): one cheap poll, then only the tables it names as changed, and of
 those only the rows after the ones already held. GPU samples come aggregated in SQL per bucket
-(`Session.samples(window_s, every_s)`); a `Buckets` window re-reads only its newest buckets each tick. Derived reads
-that move at step pace (segments with their statistics, placement) are rate-limited, and advice (which reads every
-sample of a segment) is computed in a thread of its own so that no tick waits for it.
+(`Session.samples(window_s, every_s)`), of the metrics the panels show; a `Buckets` window re-reads only its newest
+bucket on each tick (`since_t`). Derived reads that move at step pace (segments with their statistics, placement) are
+rate-limited, and advice (which reads every sample of a segment) is computed in a thread of its own, on a store
+connection of its own, so that no tick waits for it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from workbench.session import Session
 
 # Names `Session.poll` reports news for.
 TABLES = ("steps", "samples", "procs", "events", "segments", "commands", "meta")
 # Buckets per GPU the SQL aggregation returns for a window; the charts downsample further (min/max-preserving).
 SAMPLE_BUCKETS = 2000
+# The sample columns the panels show: the utilization chart's metrics, memory in the device planner, the balance
+# table. The window aggregates only these (each costs SQL time per row), the step breakdown's only utilization.
+WINDOW_METRICS = ("util", "sm_active", "tensor_active", "dram_active", "mem_used", "power_w", "mem_total")
+STEP_METRICS = ("util",)
 # Seconds between re-reads of derived data that only moves at step pace.
 MIN_INTERVAL_S = {"knobs": 0.0, "segments": 3.0, "placement": 3.0, "offers": 0.0, "findings": 30.0}
 # Derived reads: news name -> (the feed's attribute, the poll tables whose news make it stale, the Session method).
@@ -48,28 +56,53 @@ def _last_id(frame: pd.DataFrame) -> int:
 
 
 class Buckets:
-    """A sliding window of samples aggregated per `every_s` bucket, kept current by reading only the buckets from
-    the newest one held onwards (it may have been still filling when read)."""
+    """A sliding window of samples aggregated in SQL per `every_s` bucket, of `metrics` only. Each tick re-reads only
+    the buckets from the newest one held on (it may have been still filling; the store's index on t finds its rows),
+    so every bucket held is what a fresh read of the whole window gives. The window holds whole buckets: those that
+    start at most `window_s` before the newest one. The frame stays ordered by t: positions come from a binary
+    search, never from a boolean mask over the whole window."""
 
-    def __init__(self, every_s: float):
+    def __init__(self, every_s: float, metrics: tuple[str, ...]):
         self.every_s = float(every_s)
+        self.metrics = metrics
         self.frame = pd.DataFrame()
         self.window_s = 0.0  # the window of the last read
 
     def read(self, session, window_s: float) -> pd.DataFrame:
-        every = self.every_s
-        held = self.frame
-        if held.empty or window_s > self.window_s:
-            frame = session.samples(window_s=window_s, every_s=every)  # first read, or the window grew
+        every, held = self.every_s, self.frame
+        # A sample near a bucket's start may fall on either side of it (t / every_s in floating point): each read
+        # takes a bucket more than it keeps, and buckets are told apart by their start, never by a sample's t.
+        if held.empty or window_s > self.window_s:  # first read, or the window grew
+            # Every row of a bucket kept lies less than window_s + every_s before the newest sample (a bucket more
+            # for the rounding).
+            frame = session.samples(window_s=window_s + 2 * every, every_s=every, metrics=self.metrics)
         else:
-            newest = float(held["t"].max())
-            tail = session.samples(window_s=max(time.time() - newest, 0.0) + 2 * every, every_s=every)
-            tail = tail[tail["t"] >= newest]
-            frame = _append(held[held["t"] < newest].reset_index(drop=True), tail.reset_index(drop=True))
+            held_t = held["t"].to_numpy()
+            newest = float(held_t[-1])
+            tail = session.samples(since_t=newest - every, every_s=every, metrics=self.metrics)
+            tail = tail.iloc[int(np.searchsorted(tail["t"].to_numpy(), newest, "left")):]
+            frame = _append(held.iloc[:int(np.searchsorted(held_t, newest, "left"))], tail)
         if len(frame):
-            frame = frame[frame["t"] >= float(frame["t"].max()) - window_s].reset_index(drop=True)
+            t = frame["t"].to_numpy()
+            frame = frame.iloc[int(np.searchsorted(t, t[-1] - window_s, "left")):].reset_index(drop=True)
         self.frame, self.window_s = frame, window_s
         return frame
+
+
+def gpu_rows(samples: pd.DataFrame, by_node: bool) -> list[tuple[tuple, np.ndarray]]:
+    """Each GPU's rows of an aggregated samples frame: [((gpu,) or (node, gpu), row positions)], keys in order,
+    rows in the frame's order (by_node: per node:GPU; rows without a node left out, as pandas' groupby does). Row
+    positions, not groupby: a groupby's groups copied every column of the window (~10k rows) once per GPU."""
+    if samples is None or not len(samples):
+        return []
+    gpu = samples["gpu"].to_numpy()
+    if not by_node:
+        return [((int(g),), np.flatnonzero(gpu == g)) for g in np.unique(gpu)]
+    node_code, nodes = pd.factorize(samples["node"], sort=True)  # codes in the nodes' order; -1: no node
+    per_node = int(gpu.max()) + 1
+    key = node_code.astype(np.int64) * per_node + gpu  # ordered as (node, gpu)
+    return [((nodes[k // per_node], int(k % per_node)), np.flatnonzero(key == k))
+            for k in np.unique(key[node_code >= 0])]
 
 
 def bucket_seconds(window_s: float, floor: float = 0.1) -> float:
@@ -112,10 +145,11 @@ class Feed:
         self.findings: list = []
         self.findings_note = "advice: waiting for measured steps"
         self._buckets: Buckets | None = None
-        self._step_buckets = Buckets(every_s=1.0)
+        self._step_buckets = Buckets(every_s=1.0, metrics=STEP_METRICS)
         self._read_at: dict[str, float] = {}
         self._stale: set[str] = set()  # derived reads with news not read yet (rate-limited)
         self._advice: threading.Thread | None = None
+        self._advisor: Session | None = None  # the advice thread's handle (see _advice_session)
         self._advice_result: tuple | None = None
         self._deriving: threading.Thread | None = None
         self._derived_results: dict[str, Any] = {}
@@ -150,7 +184,7 @@ class Feed:
         self.window_s = sample_window_s(self.meta, self.kind, self.window_min)
         every = bucket_seconds(self.window_s)
         if self._buckets is None or self._buckets.every_s != every:
-            self._buckets = Buckets(every)
+            self._buckets = Buckets(every, WINDOW_METRICS)
             changed.add("samples")
         if "samples" in changed or self._buckets.window_s != self.window_s:
             self.samples = self._buckets.read(s, self.window_s)
@@ -224,7 +258,7 @@ class Feed:
         if "findings" in self._stale and not busy and self._due("findings"):
             self._stale.discard("findings")
             self._read_at["findings"] = time.monotonic()
-            session = self.session
+            session = self._advice_session()
 
             def run() -> None:
                 try:
@@ -238,6 +272,14 @@ class Feed:
             self._advice = threading.Thread(target=run, name="wb-advice", daemon=True)
             self._advice.start()
         return news
+
+    def _advice_session(self) -> Session:
+        """A read-only handle of the session with a store connection of its own, for the advice thread: a connection
+        runs one query at a time, and advice reads every sample of the session (seconds on a long one), which the
+        tick's reads on the feed's handle waited for (a tick of 2-6 s every 30 s on the 8 GPU x 1 h store)."""
+        if self._advisor is None or self._advisor.dir != self.session.dir:
+            self._advisor = Session.attach(self.session.dir, read_only=True)
+        return self._advisor
 
     def wait_for_advice(self, timeout: float = 60.0) -> None:
         """Block until a running advice computation has finished (tests, scripts); the next read picks it up."""

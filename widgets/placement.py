@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import ipywidgets as W
+import numpy as np
 import pandas as pd
 
 from .common import Raw, assign, heading, table
@@ -48,9 +49,14 @@ def gpu_memory(samples: pd.DataFrame) -> dict[int, tuple[float, float]]:
     """GPU index -> (MiB used, MiB total) in the newest bucket of the feed's aggregated samples."""
     if samples is None or not len(samples) or "mem_used" not in samples:
         return {}
-    newest = samples.sort_values("t").groupby("gpu").tail(1)
-    total = newest["mem_total"] if "mem_total" in newest else pd.Series(float("nan"), index=newest.index)
-    return {int(g): (float(u), float(t)) for g, u, t in zip(newest["gpu"], newest["mem_used"], total)}
+    in_time = np.argsort(samples["t"].to_numpy(), kind="stable")
+    gpu = samples["gpu"].to_numpy()[in_time]
+    gpus, from_end = np.unique(gpu[::-1], return_index=True)
+    newest = in_time[len(gpu) - 1 - from_end]  # each GPU's last row in time
+    used = samples["mem_used"].to_numpy(dtype=np.float64)[newest]
+    total = samples["mem_total"].to_numpy(dtype=np.float64)[newest] if "mem_total" in samples \
+        else np.full(len(newest), np.nan)
+    return {int(g): (float(u), float(t)) for g, u, t in zip(gpus, used, total)}
 
 
 def placement_rows(placement: pd.DataFrame, memory: dict[int, tuple[float, float]]) \

@@ -61,6 +61,7 @@ class SessionBar:
     def __init__(self, ctx: Context, switch=None):
         self.ctx = ctx
         self.switch = switch  # the dashboard's: follow a newly started session
+        self._figures_of, self._figures = None, None  # the steps frame the header's figures were computed from
         self.status = W.HTML(_dom_classes=["wb-status"])
         self.buttons = {
             name: W.Button(description=name.capitalize(), _dom_classes=[f"wb-{name}"],
@@ -106,8 +107,10 @@ class SessionBar:
         else:
             origin = "live"
         state = feed.state or "?"
-        throughput = latest_and_median(steps, "perf/throughput")
-        step_time = latest_and_median(steps, "timing_s/step")
+        if self._figures_of is not steps:  # the feed replaces its steps frame when steps arrive: not every tick
+            self._figures_of = steps
+            self._figures = latest_and_median(steps, "perf/throughput"), latest_and_median(steps, "timing_s/step")
+        throughput, step_time = self._figures
         stats = [
             ("segment", fmt(segment)), ("step", fmt(feed.last_step)),
             ("tokens/s/GPU", f"{fmt(throughput[0], 4)} last step · {fmt(throughput[1], 4)} segment median"),

@@ -81,12 +81,21 @@ class StepBreakdownPanel:
         data, layout = breakdown_figure([], {}, np.empty(0))
         self.chart = Chart(layout, data, _dom_classes=["wb-chart", "wb-steps-chart"])
         self.widget = W.VBox([heading("Step breakdown"), self.chart], _dom_classes=["wb-steps"])
+        self._phases_of, self._phases = None, None  # the steps frame the phases were computed from
+        self._busy: np.ndarray | None = None  # the GPU-busy shares drawn last
 
     def prepare(self, feed, news):
         if not news & {"steps", "step_samples"} or not len(feed.steps):
             return None
-        labels, seconds, starts, ends = phase_seconds(feed.steps)
-        return breakdown_figure(labels, seconds, busy_share(feed.step_samples, starts, ends))
+        if feed.steps is not self._phases_of:  # the feed replaces its steps frame when steps arrive
+            self._phases_of, self._phases = feed.steps, phase_seconds(feed.steps)
+        labels, seconds, starts, ends = self._phases
+        busy = busy_share(feed.step_samples, starts, ends)
+        # Samples after the last step shown move nothing on this chart: most ticks have nothing to send.
+        if "steps" not in news and self._busy is not None and np.array_equal(busy, self._busy, equal_nan=True):
+            return None
+        self._busy = busy
+        return breakdown_figure(labels, seconds, busy)
 
     def show(self, payload) -> None:
         self.chart.draw(*payload)

@@ -15,6 +15,7 @@ import numpy as np
 
 from .charts import TimeAxis, downsample, event_trace, segment_marks, time_layout
 from .common import heading
+from .feed import gpu_rows
 from .plot import Chart
 
 # metric column -> (label, unit, scale from the stored unit)
@@ -42,10 +43,11 @@ def utilization_figure(samples, events, segments, metric: str, window_min: int, 
     if len(samples):
         t1 = float(samples["t"].max())
         multi = "node" in samples and samples["node"].nunique() > 1
-        for key, group in samples.groupby(["node", "gpu"] if multi else ["gpu"], sort=True):
+        t = samples["t"].to_numpy(dtype=np.float64)
+        values = samples[metric].to_numpy(dtype=np.float64) * scale if metric in samples else np.full(len(t), np.nan)
+        for key, rows in gpu_rows(samples, by_node=multi):
             name = f"{key[0]}:GPU {key[1]}" if multi else f"GPU {key[0]}"
-            y = group[metric].to_numpy(dtype=np.float64) * scale if metric in group else np.full(len(group), np.nan)
-            x, y = downsample(axis.minutes(group["t"].to_numpy(dtype=np.float64)), y)
+            x, y = downsample(axis.minutes(t[rows]), values[rows])
             data.append(dict(type="scatter", x=x, y=y, mode="lines", name=name, line=dict(width=1.5)))
         t0 = float(samples["t"].min())
     else:

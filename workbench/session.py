@@ -325,14 +325,15 @@ class Session:
 
     def samples(
         self, since_id: int = 0, *, window_s: float | None = None, every_s: float | None = None,
-        gpus: Iterable[int] | None = None, metrics: Iterable[str] | None = None,
+        gpus: Iterable[int] | None = None, metrics: Iterable[str] | None = None, since_t: float | None = None,
     ) -> pd.DataFrame:
         """GPU samples. With every_s: aggregated in SQL per bucket of every_s seconds and GPU (t = bucket start,
-        node, gpu, n, and per metric m: m (mean), m_min, m_max; metrics: only these, default all — each costs
-        time per row). window_s: only the last that many seconds before the newest sample; gpus: only these GPU
-        indices. With neither every_s, window_s nor gpus: every raw row after since_id."""
+        node, gpu, n, and per metric m: m (mean), m_min, m_max; metrics: only these, default all — each costs time
+        per row; since_t: only samples with t >= since_t, e.g. a live chart's newest bucket on). window_s: only the
+        last that many seconds before the newest sample; gpus: only these GPU indices. With neither every_s,
+        window_s nor gpus: every raw row after since_id."""
         if every_s is not None:
-            return self._store.sample_buckets(every_s, window_s=window_s, gpus=gpus, metrics=metrics)
+            return self._store.sample_buckets(every_s, window_s, gpus, metrics, since_t)
         if window_s is not None or gpus is not None:
             return self._store.samples_window(window_s, gpus)
         return self._store.frame("samples", since_id)

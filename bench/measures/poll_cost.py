@@ -11,6 +11,7 @@ import time
 
 from bench.common import Timer, median, result
 from bench.measures import Context, standalone
+from bench.synthetic_store import NODE
 
 MEASURE = "poll_cost"
 WHERE = "cpu"
@@ -18,9 +19,10 @@ GOAL = "<= 5 ms"
 
 
 def append_live_tick(writer, gpus: int, tick: int, segment_id: int, step_metrics: dict) -> None:
-    """What a live session writes in 0.5 s: 5 samples per GPU; a step every 24 ticks."""
+    """What a live session writes in 0.5 s: 5 samples per GPU (the store's GPUs, on its node); a step every 24
+    ticks."""
     now = time.time()
-    writer.add_samples([{"t": now + k / 10, "node": "bench", "gpu": g, "util": 50.0, "mem_used": 1.0, "mem_total": 2.0}
+    writer.add_samples([{"t": now + k / 10, "node": NODE, "gpu": g, "util": 50.0, "mem_used": 1.0, "mem_total": 2.0}
                         for k in range(5) for g in range(gpus)])
     if tick % 24 == 0:
         last = writer.last_step() or 0
