@@ -298,6 +298,8 @@ def test_a_restart_class_change_shows_its_progress_to_the_first_resumed_step(pro
     offer = next(b for b in d.changes.recorded.buttons.children if "colocate_async" in b.description)
     offer.click()  # the recorded restart-class change, one click
     assert proof.commands().iloc[-1]["payload"]["changes"]["trainer_mode"] == "colocate_async"
+    sent = html.unescape(d.changes.recorded.sent.value)  # answered where it was clicked: what went, where it shows
+    assert "Sent: " in sent and "trainer_mode = 'colocate_async'" in sent and "Throughput chart" in sent
     proof.resume()  # the relaunched run plays the recording's segment 3, then the replay ends
     refreshed_until(d, lambda: "✓ first resumed step" in d.changes.progress.value)
     progress = d.changes.progress.value

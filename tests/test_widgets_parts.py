@@ -110,6 +110,36 @@ def test_segment_labels_that_would_overlap_go_on_rows_of_their_own():
                 assert abs(a["x"] - b["x"]) / span_min >= LABEL_GAP, (a["text"], b["text"])
 
 
+def test_a_time_chart_says_its_x_range_or_autorange_every_time():
+    """Plotly.react given an x range once and then none keeps autorange off and draws [-1, 6]: after Play again the
+    charts stayed there while the new session's steps ran off to the right (seen in Chromium). So every figure says
+    one or the other: an empty chart shows its time axis from the session's start (not plotly's guess from one event
+    mark: ticks 0.111443, 0.111444, …), a window its last minutes, anything else autorange. Synthetic frames."""
+    import pandas as pd
+
+    from widgets.charts import TimeAxis
+    from widgets.throughput import throughput_figure
+    from widgets.utilization import utilization_figure
+
+    axis = TimeAxis(1000.0)
+    samples = pd.DataFrame({"t": [1000.0 + 60 * i for i in range(5)], "gpu": 0, "util": 50.0})
+    steps = pd.DataFrame({"t": [1120.0, 1180.0], "perf/throughput": [1.0, 2.0]})
+    cases = {
+        "utilization, no sample": utilization_figure(pd.DataFrame(), None, None, "util", 0, axis)[1],
+        "utilization, whole session": utilization_figure(samples, None, None, "util", 0, axis)[1],
+        "utilization, last minute": utilization_figure(samples, None, None, "util", 1, axis)[1],
+        "throughput, no step": throughput_figure(pd.DataFrame(), None, None, axis)[1],
+        "throughput, steps": throughput_figure(steps, None, None, axis)[1],
+    }
+    for case, layout in cases.items():
+        xaxis = layout["xaxis"]
+        assert xaxis["autorange"] is ("range" not in xaxis), (case, xaxis)
+    assert cases["utilization, no sample"]["xaxis"]["range"][0] == 0
+    assert cases["utilization, last minute"]["xaxis"]["range"] == [3.0, 4.0]
+    notes = [a["text"] for a in cases["utilization, no sample"]["annotations"]]
+    assert "waiting for the first GPU sample" in notes
+
+
 def test_advice_names_measurements_not_repository_paths():
     text = "fused kernels on the H200 (tests/data/h200_fused_logprob_2026-12-01, same workload) see shared/DESIGN.md"
     named = measurement_names(text)

@@ -95,10 +95,10 @@ class ChangesPanel:
         self.apply_button.on_click(lambda _: self.apply())
         self.discard_button.on_click(lambda _: self.discard())
         self.progress = W.HTML(_dom_classes=["wb-apply-progress"])
-        self.recorded = RecordedChanges(self.apply_recorded)
+        self.recorded = RecordedChanges(self.apply_recorded)  # the dashboard shows its widget at the page's top
         self.widget = W.VBox(
             [heading("Knobs"), self.edit_irrelevant, self.featured, self.more, heading("Pending changes"), self.diff,
-             W.HBox([self.apply_button, self.discard_button]), self.progress, self.recorded.widget],
+             W.HBox([self.apply_button, self.discard_button]), self.progress],
             _dom_classes=["wb-changes"],
         )
 
@@ -249,6 +249,7 @@ class ChangesPanel:
         with self.ctx.lock:
             self.tracked = None
             assign(self.progress, value="")
+            self.recorded.switched()
             self._edited()
 
     def discard(self) -> None:

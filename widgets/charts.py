@@ -70,15 +70,33 @@ class TimeAxis:
 
 def time_layout(title: str, y_title: str, axis: TimeAxis, height: int = 320, **extra: Any) -> dict[str, Any]:
     """A time chart's layout: x in the session's minutes (autoranged: the whole session), an invisible 0–1 axis
-    (yaxis2) for event marks."""
+    (yaxis2) for event marks. Autorange is said every time (`fixed_range` turns it off): given a range once and
+    then none, Plotly.react keeps autorange off and draws the empty default [-1, 6] (after Play again, the charts
+    stayed there while the new session's steps ran off to the right)."""
     layout = dict(
         title=dict(text=title, font=dict(size=14)), height=height, margin=dict(l=55, r=55, t=40, b=45),
-        xaxis=dict(title=dict(text=axis.title, font=dict(size=11)), zeroline=False),
+        xaxis=dict(title=dict(text=axis.title, font=dict(size=11)), zeroline=False, autorange=True),
         yaxis=dict(title=dict(text=y_title), rangemode="tozero"),
         yaxis2=dict(overlaying="y", range=[0, 1], visible=False, fixedrange=True),
         legend=dict(orientation="h", y=-0.2), hovermode="closest", uirevision="keep",
     )
     layout.update(extra)
+    return layout
+
+
+def fixed_range(layout: dict[str, Any], start: float, end: float) -> None:
+    """The x axis shows [start, end] (autorange off, said: see time_layout)."""
+    layout["xaxis"].update(range=[start, end], autorange=False)
+
+
+def waiting(layout: dict[str, Any], axis: TimeAxis, note: str, now: float | None = None) -> dict[str, Any]:
+    """An empty time chart's layout: its x axis from the session's start to now (at least a minute), in place of the
+    range plotly makes of nothing or of one event mark (ticks like 0.111443, 0.111444, …), and `note` (what it waits
+    for) in the middle."""
+    end = float(axis.minutes(time.time() if now is None else now))
+    fixed_range(layout, 0.0, max(1.0, end))
+    layout.setdefault("annotations", []).append(dict(text=note, xref="paper", yref="paper", x=0.5, y=0.5,
+                                                     showarrow=False, font=dict(color="#777")))
     return layout
 
 

@@ -36,8 +36,8 @@ without one (a plain script, pytest) call `refresh()`.
 
 **For browser tests**, stable CSS classes: `wb-session-bar`, `wb-status`, `wb-start|pause|resume|stop|rollback`, `wb-notice`,
 `wb-knob-<name>` (each knob editor; `wb-knob-bad` while a problem marks it, message in `wb-knob-message`),
-`wb-diff`, `wb-apply`, `wb-discard`, `wb-apply-progress`, `wb-utilization`, `wb-steps`, `wb-throughput`,
-`wb-segments-table`, `wb-placement-grid`, `wb-findings`, `wb-finding-apply`, `wb-export-text`, `wb-copy`,
+`wb-offer` (a change a replay offers; `wb-offers-sent` answers its click), `wb-diff`, `wb-apply`, `wb-discard`,
+`wb-apply-progress`, `wb-utilization`, `wb-steps`, `wb-throughput`, `wb-segments-table`, `wb-placement-grid`, `wb-findings`, `wb-finding-apply`, `wb-export-text`, `wb-copy`,
 `wb-download`, `wb-events-log`, `wb-balance`, `wb-tune`, `wb-tune-run`, `wb-tune-status`, `wb-token`, `wb-unlock`,
 `wb-errors`.
 """
@@ -118,13 +118,13 @@ class Dashboard:
                                  self.token, self.unlock, self.unlock_message])
         column = dict(layout=W.Layout(width="50%", min_width="420px"))
         self.widget = W.VBox([
-            W.HTML(CSS), plotly_js(), self.bar.widget, self.token_row, self.errors,
+            W.HTML(CSS), plotly_js(), self.bar.widget, self.token_row, self.errors, self.changes.recorded.widget,
             W.HBox([W.VBox([self.utilization.widget], **column), W.VBox([self.steps.widget], **column)],
                    layout=W.Layout(flex_flow="row wrap")),
+            self.throughput.widget,  # beside the first charts: "did my change help?" without scrolling past knobs
             W.HBox([W.VBox([self.changes.widget], **column),
                     W.VBox([self.placement.widget, self.advisor.widget, self.tune.widget], **column)],
                    layout=W.Layout(flex_flow="row wrap")),
-            self.throughput.widget,
             W.HBox([W.VBox([self.export.widget], **column), W.VBox([self.events.widget], **column)],
                    layout=W.Layout(flex_flow="row wrap")),
         ], _dom_classes=["wb-dashboard"])

@@ -41,7 +41,7 @@ def what_you_can_do(state: str, replay: bool, speed: Any) -> str:
     if state == "running":
         return ("Running. Edit a knob and press Apply (a hot change takes effect at the next step), or apply an "
                 "advisor's proposal; Pause holds the run between steps; Stop ends it."
-                + (" A replay takes the changes its recording holds: they are listed under Pending changes."
+                + (" A replay takes the changes its recording holds: they are listed just below, one click each."
                    if replay else ""))
     if state == "paused":
         return "Paused between steps: Resume goes on. A change applied now takes effect when it resumes."

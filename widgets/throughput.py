@@ -9,7 +9,7 @@ import ipywidgets as W
 import numpy as np
 import pandas as pd
 
-from .charts import TimeAxis, downsample, event_trace, segment_marks, time_layout
+from .charts import TimeAxis, downsample, event_trace, segment_marks, time_layout, waiting
 from .common import assign, heading, table
 from .plot import Chart
 
@@ -32,9 +32,7 @@ def throughput_figure(steps: pd.DataFrame, events, segments, axis: TimeAxis) -> 
                          yaxis3=dict(title=dict(text="MFU %"), overlaying="y", side="right", rangemode="tozero",
                                      tickmode="auto", showgrid=False))  # its own round ticks, not the left's
     if not len(steps):
-        layout["annotations"] = [dict(text=WAITING, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
-                                      font=dict(color="#777"))]
-        return [], layout
+        return [], waiting(layout, axis, WAITING)
     t = steps["t"].to_numpy(dtype=np.float64)
     x = axis.minutes(t)
     data = []

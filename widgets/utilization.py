@@ -13,7 +13,7 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from .charts import TimeAxis, downsample, event_trace, segment_marks, time_layout
+from .charts import TimeAxis, downsample, event_trace, fixed_range, segment_marks, time_layout, waiting
 from .common import heading
 from .feed import gpu_rows
 from .plot import Chart
@@ -28,6 +28,7 @@ METRICS = {
     "power_w": ("power", "W", 1.0),
 }
 WHOLE_SESSION = 0  # the window choice that fits the session
+WAITING = "waiting for the first GPU sample"
 WINDOWS_MIN = (WHOLE_SESSION, 1, 5, 15, 60)
 
 
@@ -58,10 +59,9 @@ def utilization_figure(samples, events, segments, metric: str, window_min: int, 
     layout["shapes"], layout["annotations"] = segment_marks(segments, axis, t0, t1)
     if window_min != WHOLE_SESSION:
         now = float(axis.minutes(t1))
-        layout["xaxis"]["range"] = [now - window_min, now]
+        fixed_range(layout, now - window_min, now)
     if not len(samples):
-        layout["annotations"].append(dict(text="no GPU samples yet", xref="paper", yref="paper", x=0.5, y=0.5,
-                                          showarrow=False, font=dict(color="#777")))
+        waiting(layout, axis, WAITING, now=t1)
     return data, layout
 
 

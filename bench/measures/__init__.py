@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CPU_MEASURES = ("poll_cost", "samples_cost", "apply_latency_replay", "dashboard_refresh", "page_open", "startup_phases",
-                "page_memory")
-# Minutes of served pages even when quick (pages drawn, then kernels ending after their grace): bench/run.py runs
-# them, the CI check of the scripts (tests/test_bench.py) does not; tests/test_probe_server.py asserts what
-# page_memory measures (page kernels end when their pages are gone).
-SOAK_MEASURES = ("page_memory",)
+                "page_memory", "first_visit")
+# Minutes even when quick: bench/run.py runs them, the CI check of the scripts (tests/test_bench.py) does not.
+# page_memory serves pages, then waits for their kernels to end after their grace (tests/test_probe_server.py asserts
+# that page kernels end when their pages are gone); first_visit waits for a replay's steps after a click (the
+# browser tests click an offer and see its segment drawn: tests/browser/test_page_loads.py).
+SOAK_MEASURES = ("page_memory", "first_visit")
 # Measured on a GPU by bench/gpu/campaign.sh (its drivers write these results); listed so the table knows them.
 GPU_MEASURES = ("tuning_speedup", "hot_apply_latency", "restart_vs_cold", "overhead", "sampler_cost")
 

@@ -247,6 +247,54 @@ def open_dashboard(browser, url: str, *, root: str = ".wb-dashboard", init_scrip
     return page
 
 
+# The throughput chart as a person sees it: each segment's "seg N" label (its left edge is the segment's dotted line)
+# and the pixel x of every step's marker.
+SEGMENT_MARKS_JS = """() => {
+    const gd = document.querySelector('.wb-throughput .js-plotly-plot');
+    if (!gd) return null;
+    const labels = Array.from(gd.querySelectorAll('g.annotation')).map(a => {
+        const m = /^seg (\\d+)$/.exec((a.textContent || '').trim());
+        return m ? [m[1], a.getBoundingClientRect().left] : null;
+    }).filter(Boolean);
+    const steps = Array.from(gd.querySelectorAll('g.trace.scatter g.points path.point')).map(p => {
+        const box = p.getBoundingClientRect();
+        return box.width > 0 ? box.left + box.width / 2 : null;
+    }).filter(x => x !== null);
+    return {labels: Object.fromEntries(labels), steps};
+}"""
+# A step's marker this far right of a segment's label is that segment's (the step before it ends on its line).
+RIGHT_OF_LINE_PX = 5
+
+
+def segment_drawn(page, newer_than: int) -> int | None:
+    """The first segment newer than `newer_than` that the throughput chart marks ("seg N") with a step's marker
+    drawn right of its line; None while there is none."""
+    marks = page.evaluate(SEGMENT_MARKS_JS) or {"labels": {}, "steps": []}
+    for segment_id, left in sorted(marks["labels"].items(), key=lambda item: int(item[0])):
+        if int(segment_id) > newer_than and any(x >= left + RIGHT_OF_LINE_PX for x in marks["steps"]):
+            return int(segment_id)
+    return None
+
+
+def clicked_change_runs(session, segment_id: int) -> dict:
+    """The one change the page sent (not the recorded operator) is what segment `segment_id` runs: its changes."""
+    commands = session.commands()
+    applies = commands[commands.kind == "apply"]
+    pages = applies[~applies.payload.map(lambda payload: "recorded_command" in payload)]
+    assert len(pages) == 1, f"the page sent {len(pages)} changes, not the one clicked"
+    clicked = pages.iloc[0].payload["changes"]
+    segment = session.segments().set_index("id").loc[segment_id]
+    runs = {d["knob"]: d["after"] for d in segment["diff"]}
+    assert all(runs.get(knob) == value for knob, value in clicked.items()), \
+        f"segment {segment_id} runs {runs}, not the clicked change {clicked}"
+    return clicked
+
+
+def tick_labels(page, panel: str, axis: str) -> list[str]:
+    """The tick labels a person reads on a chart panel's x or y axis (left to right, bottom to top)."""
+    return page.locator(f".{panel} .js-plotly-plot g.{axis}tick text").all_text_contents()
+
+
 def chart_points(page) -> int:
     return page.evaluate(CHART_POINTS_JS)
 

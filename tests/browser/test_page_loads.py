@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.browser.conftest import PAGE_TIMEOUT_MS, Up, assert_every_chart_drawn, open_dashboard, screenshot, wait_until
+from tests.browser.conftest import (PAGE_TIMEOUT_MS, Up, assert_every_chart_drawn, clicked_change_runs, open_dashboard,
+                                    screenshot, segment_drawn, wait_until)
 
 pytestmark = pytest.mark.browser
 
@@ -87,6 +88,15 @@ def test_the_page_of_an_ended_session_draws_every_chart_and_start_switches_it(up
         assert_every_chart_drawn(page, guard, "started session's operator")
         assert "read-only" not in page.inner_text(".wb-notice")  # the page that started it controls it
         screenshot(page, "loads_after_start")
+        # A visitor's first move (bench/measures/first_visit.py times it from a fresh clone): a change the replay
+        # offers at the page's top, one click; the page says where its effect shows, and the throughput chart draws
+        # the segment it began ("seg N", a step's marker right of its line).
+        newest = session_of(up, new_id).segment()["id"]
+        page.locator(".wb-offer:not([disabled])").first.click()
+        page.wait_for_selector(".wb-offers-sent:has-text('Throughput chart')", timeout=30_000)
+        segment = wait_until(lambda: segment_drawn(page, newest), 120, "the clicked change's segment on the chart")
+        clicked_change_runs(session_of(up, new_id), segment)
+        screenshot(page, "loads_offer_applied")
         guard.check()
     finally:
         page.close()
