@@ -175,7 +175,7 @@ def run(ctx: Context) -> dict:
         up.stop()
     return result(
         MEASURE, value=visited["value"], unit="s", goal=GOAL, repetitions=[visited], machine=ctx.machine,
-        details={"command": command, "fresh_clone": not ctx.quick, "setup_s": up.setup_s,
+        details={"command": command, "fresh_clone": not ctx.quick, "commit": _commit(clone), "setup_s": up.setup_s,
                  "command_to_url_s": url_s, "url_after_setup_s": url_s - (up.setup_s or 0.0),
                  **confirmed, "port_note": port_note,
                  "load_avg_1_5_15": {"before": load_before, "page_opened": load_at_open,
@@ -185,6 +185,11 @@ def run(ctx: Context) -> dict:
               "marker right of it); the store confirms that segment runs the clicked change",
         command="python -m bench.run --measure first_visit",
     )
+
+
+def _commit(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
 
 
 def _port_busy(port: int) -> bool:
