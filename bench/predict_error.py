@@ -7,13 +7,16 @@ real H200 measurements only:
   h200-tuning, h200-hot-lever (0.5B) and h200-autopilot-1.5b (1.5B), 2026-12-01);
 - the plain-verl reference runs (tests/data: h200_2026-11-30 quickstart A and tuned B, h200_fused_logprob_2026-12-01
   quickstart, fused C and fused + 8 agent workers D), with the plans their scripts ran (tests/h200_traces.py).
-Some of predict.py's priors were read off the same runs (the fused-kernel factor from 2026-12-01 A → C, the LoRA
-critic factor from h200-proof); pairs that use a prior on the run it came from are marked `in_sample` and the
-table reports the median over the out-of-sample pairs too.
+Some of predict.py's priors were read off the same runs (the update's split into a transformer and a logits part
+from 2026-12-01 A → C and h200-tuning 1 → 2, dynamic batching's effect on the logits part from 2026-11-30 A → B,
+the micro-batch exponent from h200-proof 1 → 2, the LoRA critic factor from h200-proof); pairs that use a prior on
+the run it came from are marked `in_sample` and the table reports the median over the out-of-sample pairs too, and
+the median per model size (the shape the memory model reads off each target's peaks).
 
 The trainer's peak memory (PyTorch's max reserved) is predicted on the same pairs; its error is in `details`.
 
-Runs on the CPU: `.venv/bin/python bench/predict_error.py` writes bench/results/h200_2026-12-01/predict_error.json.
+Runs on the CPU: `.venv/bin/python bench/predict_error.py [--out FOLDER]` writes predict_error.json to FOLDER
+(default bench/results/h200_2026-12-01/).
 """
 
 from __future__ import annotations
@@ -44,14 +47,14 @@ RECORDINGS = ROOT / "workbench" / "assets" / "recordings"
 PAIRS = [
     ("fused_A", "fused_C", True), ("fused_C", "fused_A", True), ("fused_A", "fused_D", False),
     ("fused_C", "fused_D", False), ("fused_D", "fused_C", False), ("fused_D", "fused_A", False),
-    ("A", "B", False), ("B", "A", False), ("A", "fused_A", False), ("fused_A", "A", False),
+    ("A", "B", True), ("B", "A", True), ("A", "fused_A", False), ("fused_A", "A", False),
     ("A", "fused_C", False), ("B", "fused_C", False), ("B", "fused_D", False),
-    ("h200-proof#1", "h200-proof#2", False), ("h200-proof#2", "h200-proof#1", False),
+    ("h200-proof#1", "h200-proof#2", True), ("h200-proof#2", "h200-proof#1", True),
     ("h200-proof#2", "h200-proof#3", True), ("h200-proof#3", "h200-proof#5", False),
     ("h200-proof#2", "h200-lora-critic-sync#1", True), ("h200-lora-critic-sync#1", "h200-proof#2", True),
     ("h200-lora-critic-sync#1", "h200-proof#3", False),
     # 2026-12-01, recorded after the priors were set: verl's quickstart → the advisor's fused-kernel proposal.
-    ("h200-tuning#1", "h200-tuning#2", False), ("h200-tuning#2", "h200-tuning#1", False),
+    ("h200-tuning#1", "h200-tuning#2", True), ("h200-tuning#2", "h200-tuning#1", True),
     # 2026-12-01, lease 2 (0.5B, 128 prompts × 256+768): quickstart → the fused lever applied hot (checkpointing off).
     ("h200-hot-lever#1", "h200-hot-lever#2", False), ("h200-hot-lever#2", "h200-hot-lever#1", False),
     # 2026-12-01, lease 3 (1.5B, 128 prompts × 512+1024): quickstart → fused lever with checkpointing kept (hot, then
@@ -100,8 +103,10 @@ def evaluate() -> pd.DataFrame:
         p = predict.predict(cost, truth.knobs)
         low, high = p.step_range_s
         changed = [k for k in truth.knobs if truth.knobs[k] != cost.knobs.get(k)]
+        shape = predict.memory_model_for(predict.segment_cost(truth)).shape
         rows.append({
             "source": source, "target": target, "in_sample": in_sample, "changed": ", ".join(changed),
+            "model": f"{shape.policy_params / 1e9:.1f}B",
             "source_step_s": cost.step_s, "measured_step_s": measured, "predicted_step_s": p.step_s,
             "uncertainty": p.uncertainty, "error_pct": 100 * (p.step_s - measured) / measured,
             "inside_band": low <= measured <= high, "target_steps": list(truth.steps["step"].astype(int)),
@@ -125,6 +130,8 @@ def main() -> None:
         goal=GOAL, machine=MACHINE, env=env,
         repetitions=[{"value": abs(r["error_pct"]), **r} for r in table.to_dict("records")],
         details={"median_abs_error_out_of_sample_pct": float(out_of_sample.median()),
+                 "median_abs_error_by_model_pct": {model: float(errors.median())
+                                                   for model, errors in absolute.groupby(table["model"])},
                  "pairs": len(table), "pairs_out_of_sample": int((~table["in_sample"]).sum()),
                  "inside_band_share": float(table["inside_band"].mean()),
                  "max_abs_error_pct": float(absolute.max()),
@@ -138,9 +145,11 @@ def main() -> None:
     )
     path = write(res, args.out)
     pd.set_option("display.width", 200)
-    print(table[["source", "target", "in_sample", "measured_step_s", "predicted_step_s", "error_pct",
+    print(table[["source", "target", "model", "in_sample", "measured_step_s", "predicted_step_s", "error_pct",
                  "inside_band", "memory_error_pct"]].round(2).to_string(index=False))
-    print(f"median |error| {absolute.median():.1f} % (out of sample {out_of_sample.median():.1f} %) -> {path}")
+    by_model = ", ".join(f"{model} {errors.median():.1f} %" for model, errors in absolute.groupby(table["model"]))
+    print(f"median |error| {absolute.median():.1f} % (out of sample {out_of_sample.median():.1f} %; {by_model}) "
+          f"-> {path}")
 
 
 if __name__ == "__main__":

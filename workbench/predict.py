@@ -8,7 +8,9 @@ exists the factor is 1 and the knob is listed as unmodelled with a wider uncerta
 
 Priors come from real verl 0.9.1 runs on one H200 (0.5B-shaped Qwen2, 256 prompts × up to 512+512 tokens,
 tests/data/README.md) or, where no run measured a lever, from how verl computes it (said so in the source).
-Memory comes from workbench.memory: a model of what each role keeps per parameter and each pass per token, from
+Fused kernels, gradient checkpointing and dynamic batching act on parts of the log-prob passes whose weights follow
+the model's shape (`pass_cost`: a transformer part and a full-vocabulary logits part), so their factors differ
+between a 0.5B and a 1.5B model as the H200 measured. Memory comes from workbench.memory: a model of what each role keeps per parameter and each pass per token, from
 the model's dimensions, calibrated on the session's own segments (workbench.memory_fit) — so it scales with the
 model. A prediction carries its memory band; `fits` says whether the peak, band included, stays under the
 out-of-memory line.
@@ -40,16 +42,94 @@ class Prior:
     source: str
 
 
+# The log-prob passes' cost, split by the model's shape (fused kernels and gradient checkpointing act on different
+# parts of it). Each pass is a transformer part (every matmul, the lm head's included: the fused kernels still run
+# it) and, without fused kernels, a logits part: verl materialising and reducing the full-vocabulary logits, whose
+# work grows with the lm head's (vocabulary × hidden per token) while the transformer's grows with all the matmul
+# parameters; so its share is the lm head's share of the matmul work (`lm_head_share`), 0.28 at the 0.5B shape and
+# 0.15 at 1.5B. Gradient checkpointing recomputes the transformer part's forward only (HF checkpoints the decoder
+# layers; the log-prob head runs once). Measured on 1 × H200, 2026-12-01, the 0.5B shape, 256 prompts × 512 + 512:
+# verl's quickstart → fused kernels with checkpointing kept (the h200-tuning recording) and with it off
+# (tests/data h200_fused_logprob A → C), medians of steps 2–4 / 2–3 and 6–10 / 2–3.
+_UPDATE_ACTOR_S = {"quickstart": 41.32, "fused, checkpointing kept": 5.305}  # h200-tuning
+_UPDATE_ACTOR_AC_S = {"quickstart": 39.594, "fused, checkpointing off": 4.029}  # fused A → C
+_OLD_LOG_PROB_RATIOS = (1.82 / 10.991, 1.86 / 10.362)  # h200-tuning, fused A → C
+# The checkpointed transformer part over the plain one: fused with checkpointing kept over fused with it off, per
+# unit of the quickstart update (1.26; the critic, all transformer, measured 3.30 → 2.64 s without it in A → C: 1.25).
+RECOMPUTE = (_UPDATE_ACTOR_S["fused, checkpointing kept"] / _UPDATE_ACTOR_S["quickstart"]) / (
+    _UPDATE_ACTOR_AC_S["fused, checkpointing off"] / _UPDATE_ACTOR_AC_S["quickstart"])
+REFERENCE_SHAPE = memory.KNOWN_SHAPES["qwen2.5-0.5b"]
+
+
+def lm_head_share(shape: memory.ModelShape) -> float:
+    """The lm head's share of a token's matmul work (vocabulary × hidden over that plus every layer's parameters)."""
+    head = shape.vocab_size * shape.hidden_size
+    return head / (shape.num_hidden_layers * shape.layer_params + head)
+
+
+# The logits part per unit of lm-head share, in units of the plain transformer part: from the update's quickstart
+# (checkpointing on) = RECOMPUTE + logits, fused without checkpointing = 1; the forward passes' from 1 / ratio - 1.
+LOGITS_PER_HEAD_SHARE = {
+    "update_actor": (_UPDATE_ACTOR_AC_S["quickstart"] / _UPDATE_ACTOR_AC_S["fused, checkpointing off"] - RECOMPUTE)
+    / lm_head_share(REFERENCE_SHAPE),
+    "old_log_prob": sum(1 / r - 1 for r in _OLD_LOG_PROB_RATIOS) / len(_OLD_LOG_PROB_RATIOS)
+    / lm_head_share(REFERENCE_SHAPE),
+}
+LOGITS_PER_HEAD_SHARE["ref"] = LOGITS_PER_HEAD_SHARE["old_log_prob"]
+TRAINED_PASSES = ("update_actor", "update_critic")  # the passes gradient checkpointing recomputes in
+# Without fused kernels, the update's logits part in fuller micro batches: 1 × H200, 2026-11-30 (0.5B shape, tests/data
+# A → B): dynamic batching at 24 576 tokens (from 4 sequences a micro batch) and checkpointing off took update_actor
+# 34.52 → 24.07 s, old_log_prob (8 sequences → 32 768 tokens) 9.47 → 9.29 s. Checkpointing off explains 0.93 s of
+# the update's (its transformer part), so the logits part went ×0.68; the forward pass's did not move.
+_UPDATE_ACTOR_AB_S = (34.52, 24.07)
+
+
+def _dynamic_logits_factor() -> float:
+    part = RECOMPUTE / (RECOMPUTE + LOGITS_PER_HEAD_SHARE["update_actor"] * lm_head_share(REFERENCE_SHAPE))
+    before, after = _UPDATE_ACTOR_AB_S
+    logits_before = before * (1 - part)
+    return (after - before * part / RECOMPUTE) / logits_before
+
+
+DYNAMIC_LOGITS = {"update_actor": _dynamic_logits_factor()}
+# Within dynamic batching, a pass's time goes as (micro batches)^MICRO_BATCH_EXPONENT: 1 × H200, 2026-11-30 (0.5B
+# shape, h200-proof segments 1 → 2, 64 prompts × 256 + 256): every budget 4 096 → 32 768 tokens took old_log_prob
+# 1.49 → 1.22 s and values 0.45 → 0.25 s (5 → 1 micro batches), update_critic 1.48 → 0.59 s and update_actor
+# 4.37 → 3.68 s (6 → 2): 7.79 → 5.74 s in all, which the exponent 0.25 reproduces. Fixed micro batches (verl's
+# quickstart) showed no such cost (values in 33 or 4 micro batches: 1.61 / 1.51 s, 1.5B).
+MICRO_BATCH_EXPONENT = 0.25
+
+
+def micro_batches(knobs: Mapping[str, Any], p: memory.Pass, sequences: memory.Sequences) -> int:
+    """How many micro batches pass `p` runs in a step with dynamic batching: each mini batch of an update (the whole
+    step for a no-grad pass) split by its token budget."""
+    real = sequences.prompt + sequences.response
+    real = real if real > 0 else float(knobs["max_prompt_length"]) + float(knobs["max_response_length"])
+    count = sequences.count if sequences.count > 0 else float(knobs["train_batch_size"])
+    splits = max(1, int(knobs["train_batch_size"]) // int(knobs["ppo_mini_batch_size"])) if p.grad else 1
+    return splits * max(1, math.ceil(count / splits * real / float(knobs[p.budget])))
+
+
+def pass_cost(phase: str, shape: memory.ModelShape, fused: bool, checkpointing: bool, dynamic: bool) -> float:
+    """A pass's time relative to its plain transformer part (fused kernels, no checkpointing: 1)."""
+    body = RECOMPUTE if checkpointing and phase in TRAINED_PASSES else 1.0
+    if fused:
+        return body
+    logits = LOGITS_PER_HEAD_SHARE.get(phase, 0.0) * lm_head_share(shape)
+    return body + logits * (DYNAMIC_LOGITS.get(phase, 1.0) if dynamic else 1.0)
+
+
 PRIORS: dict[str, Prior] = {
     "fused_kernels": Prior(
-        {"update_actor": 0.14, "old_log_prob": 0.185, "ref": 0.185}, 0.25,
-        "1 × H200, 2026-12-01 (0.5B shape, 256 prompts × 512 + 512): quickstart → fused kernels took old_log_prob "
-        "10.1–10.7 → 1.7–2.2 s (×0.185) and update_actor 38.3–40.9 → 3.9–4.6 s (×0.105), of which ×0.75 is "
-        "gradient checkpointing off (below), leaving ×0.14 for the kernels"),
+        {}, 0.25,
+        "1 × H200, 2026-12-01 (0.5B shape, 256 prompts × 512 + 512): quickstart → fused kernels took update_actor "
+        "41.3 → 5.3 s with gradient checkpointing kept and 39.6 → 4.0 s without, old_log_prob 11.0 → 1.8 s; the "
+        "part they remove (the full-vocabulary logits) scales with the lm head's share of the model's matmul work "
+        "(1.5B measured ×0.215 on the update and ×0.24 on old_log_prob where the 0.5B runs said ×0.13 and ×0.17)"),
     "gradient_checkpointing": Prior(
-        {"update_actor": 0.75, "update_critic": 0.75}, 0.15,
-        "verl recomputes each layer's forward in the backward pass with checkpointing on: one extra forward of "
-        "forward+backward ≈ 1/3 more work, so off ≈ ×0.75 (not fit to a run)"),
+        {}, 0.15,
+        "1 × H200, 2026-12-01 (0.5B shape): checkpointing recomputes the transformer layers' forward, not the "
+        "logits; without it that part took ×0.79 (the fused update with it kept against off, the critic 3.30 → 2.64 s)"),
     "rollout_enforce_eager": Prior(
         {"gen": 0.6}, 0.40,
         "not measured on this workload: vLLM decoding a 0.5B model without CUDA graphs is bound by kernel "
@@ -69,7 +149,10 @@ PRIORS: dict[str, Prior] = {
     "batching": Prior(
         {}, 0.10,
         "1 × H200, 2026-11-30: the quickstart plan and its hot budget neighbour ran alike; budgets and micro batches "
-        "change memory, barely time, while the per-token loop dominates"),
+        "change memory, barely time, except the actor update's full-vocabulary logits without fused kernels: "
+        "dynamic batching's fuller micro batches took that part ×0.68 (quickstart → tuned, 0.5B shape); within "
+        "dynamic batching a pass's time goes as its micro batches^0.25 (every budget 4 096 → 32 768: 7.8 → 5.7 s "
+        "of the trainer's passes, h200-proof)"),
     "rollout_engine": Prior(
         {}, 0.10,
         "1 × H200, 2026-12-01: agent-loop workers 2 → 8 left gen at 8.12–8.17 s; rollout memory and scheduling knobs "
@@ -202,8 +285,16 @@ def _waves(knobs: Mapping[str, Any]) -> int:
     return math.ceil(int(knobs["train_batch_size"]) / int(knobs["rollout_max_num_seqs"]))
 
 
-def _effects(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, dict[str, float], float]]:
-    """(group, phase factors, relative uncertainty) for each changed lever."""
+def _split_factors(phases: tuple[str, ...], shape: memory.ModelShape, before: tuple[bool, bool, bool],
+                   after: tuple[bool, bool, bool]) -> dict[str, float]:
+    """Each pass's time after over before, (fused, checkpointing, dynamic batching) as given."""
+    return {p: pass_cost(p, shape, *after) / pass_cost(p, shape, *before) for p in phases}
+
+
+def _effects(before: Mapping[str, Any], after: Mapping[str, Any], shape: memory.ModelShape,
+             sequences: tuple[memory.Sequences, memory.Sequences]) -> list[tuple[str, dict[str, float], float]]:
+    """(group, phase factors, relative uncertainty) for each changed lever; fused kernels first (at the basis's
+    checkpointing), then checkpointing (with the fused kernels as they will be)."""
     changed = {name for name in after if after[name] != before.get(name)}
     groups = {_GROUP_OF[name] for name in changed if name in _GROUP_OF}
     effects = []
@@ -213,10 +304,25 @@ def _effects(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[
         factors = {p: (f if on else 1 / f) for p, f in prior.factor.items()}
         effects.append((group, factors, prior.uncertainty))
 
+    fused = (bool(before["fused_kernels"]), bool(after["fused_kernels"]))
+    checkpointing = (bool(before["gradient_checkpointing"]), bool(after["gradient_checkpointing"]))
+    dynamic = (bool(before["use_dynamic_bsz"]), bool(after["use_dynamic_bsz"]))
     if "fused_kernels" in groups:
-        flip("fused_kernels", bool(after["fused_kernels"]))
+        effects.append(("fused_kernels", _split_factors(
+            ("update_actor", "old_log_prob", "ref"), shape, (fused[0], checkpointing[0], dynamic[0]),
+            (fused[1], checkpointing[0], dynamic[0])), PRIORS["fused_kernels"].uncertainty))
     if "gradient_checkpointing" in groups:
-        flip("gradient_checkpointing", not after["gradient_checkpointing"])
+        effects.append(("gradient_checkpointing", _split_factors(
+            TRAINED_PASSES, shape, (fused[1], checkpointing[0], dynamic[0]), (fused[1], checkpointing[1], dynamic[0])),
+            PRIORS["gradient_checkpointing"].uncertainty))
+    if dynamic == (True, True) and "batching" in groups:
+        effects.append(("batching", {p.phase: (micro_batches(after, p, sequences[1]) / micro_batches(
+            before, p, sequences[0])) ** MICRO_BATCH_EXPONENT for p in memory.PASSES}, PRIORS["batching"].uncertainty))
+        groups.discard("batching")
+    if dynamic[0] != dynamic[1] and not fused[1]:
+        effects.append(("batching", _split_factors(("update_actor",), shape, (False, checkpointing[1], dynamic[0]),
+                                                   (False, checkpointing[1], dynamic[1])), PRIORS["batching"].uncertainty))
+        groups.discard("batching")
     if "rollout_enforce_eager" in groups:
         flip("rollout_enforce_eager", not after["rollout_enforce_eager"])
     if "rollout_logprob_bypass" in groups:
@@ -249,6 +355,14 @@ _SOURCES = {
 }
 
 
+def _sequences(cost: SegmentCost, after: Mapping[str, Any]) -> tuple[memory.Sequences, memory.Sequences]:
+    """The basis segment's measured sequences, and the same under the plan `after` (unknown: the plan's limits)."""
+    if cost.observation is None:
+        return memory.Sequences(), memory.Sequences()
+    measured = cost.observation.sequences
+    return measured, memory_fit.scaled_sequences(measured, cost.knobs, after)
+
+
 def memory_model_for(cost: SegmentCost) -> memory_fit.MemoryModel:
     """The memory model one segment calibrates on its own (a session's history calibrates a better one)."""
     return memory_fit.MemoryModel.fit(None, [cost.observation] if cost.observation else [], cost.mem_total_gb)
@@ -269,10 +383,11 @@ def predict(cost: SegmentCost, after: Mapping[str, Any], memory_model: memory_fi
     """The plan with knob values `after`, predicted from the measured segment `cost` (memory by `memory_model`,
     else by one calibrated on `cost` alone)."""
     before = cost.knobs
+    memory_model = memory_model or memory_model_for(cost)
     phase = dict(cost.phase_s)
     absolute: dict[str, float] = {}  # variance each moved phase adds (seconds²)
     sources: dict[str, str] = {}
-    for group, factors, uncertainty in _effects(before, after):
+    for group, factors, uncertainty in _effects(before, after, memory_model.shape, _sequences(cost, after)):
         for p, factor in factors.items():
             if p in phase:
                 phase[p] *= factor
