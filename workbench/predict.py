@@ -33,6 +33,11 @@ MIB_PER_GIB = 1024.0
 OOM_SHARE = memory.OOM_LINE_SHARE
 NEAR_FULL_SHARE = 0.90
 UNMODELLED_UNCERTAINTY = 0.30
+# Generation moves between segments of the same plan, beside its step-to-step spread: 1 × H200 medians, 2026-11-30/
+# 12-01, the plan's changes leaving generation alone: 1.5B hot vs restarted 7.41 / 5.39 s, 0.5B h200-tuning 2 → 3
+# 10.33 / 7.97 s, hot-lever 1 → 2 6.17 / 6.65 s, quickstart on two days 9.14 / 8.13 s, fused C / D 8.14 / 8.15 s:
+# the differences' root mean square is 19 % of generation, which a changed plan's band carries.
+GEN_BETWEEN_SEGMENTS = 0.19
 
 
 @dataclass(frozen=True)
@@ -384,6 +389,7 @@ def predict(cost: SegmentCost, after: Mapping[str, Any], memory_model: memory_fi
     else by one calibrated on `cost` alone)."""
     before = cost.knobs
     memory_model = memory_model or memory_model_for(cost)
+    changed = [name for name in after if after[name] != before.get(name)]
     phase = dict(cost.phase_s)
     absolute: dict[str, float] = {}  # variance each moved phase adds (seconds²)
     sources: dict[str, str] = {}
@@ -396,11 +402,12 @@ def predict(cost: SegmentCost, after: Mapping[str, Any], memory_model: memory_fi
             if p in phase:
                 absolute[p] = absolute.get(p, 0.0) + (phase[p] * uncertainty) ** 2
         sources[group] = PRIORS[group].source if group in PRIORS else _SOURCES[group]
-    changed = [name for name in after if after[name] != before.get(name)]
     unmodelled = tuple(name for name in changed if name not in _GROUP_OF)
     step = sum(phase.values()) + cost.other_s
-    # The basis segment's own step-to-step spread, the moved phases' prior uncertainties, unmodelled knobs.
+    # The basis segment's own step-to-step spread, generation's move to another segment, the moved phases' prior
+    # uncertainties, unmodelled knobs.
     variance = (step * cost.step_spread) ** 2 + sum(absolute.values()) + \
+        (GEN_BETWEEN_SEGMENTS * phase.get("gen", 0.0)) ** 2 * bool(changed) + \
         (UNMODELLED_UNCERTAINTY * step) ** 2 * bool(unmodelled)
     uncertainty = math.sqrt(variance) / step if step > 0 else float("nan")
 
