@@ -55,6 +55,22 @@ def _safe(m: Measurements, f: Finding) -> Finding:
                                             expected=(f"{note} {expected}").strip()))
 
 
+def _measured_already(m: Measurements, f: Finding) -> Finding:
+    """A change to a plan this session measured in another segment, not faster than this one, is not offered again:
+    the measurement outranks the prediction (the autopilot rolled it back, or a user tried it)."""
+    if m.record is None or not f.change:
+        return f
+    seen = m.record.measured({**m.knobs, **f.change})
+    here = float(m.seconds("step").mean())
+    if seen is None or seen.segment_id == m.segment_id or not seen.step_s >= here:
+        return f
+    return dataclasses.replace(
+        f, change={}, evidence={**f.evidence, "proposed": f.change,
+                                "measured_plan": {"segment_id": seen.segment_id, "step_s": seen.step_s}},
+        expected=f"Not offered again: segment {seen.segment_id} ran this plan at {seen.step_s:.1f} s a step against "
+                 f"{here:.1f} s here (a measurement outranks the prediction). {f.expected}")
+
+
 def _in_force(m: Measurements, f: Finding) -> Finding:
     """Judged against the plan in force: knobs already at the proposed value are not proposed again."""
     if m.record is None or not f.change:
@@ -77,7 +93,7 @@ def advise(steps: pd.DataFrame, samples: pd.DataFrame, knobs: Mapping[str, Any],
     m = measurements(steps, samples, knobs, segment_id=segment_id, procs=procs, record=record)
     if m is None:
         return []
-    findings = [_safe(m, f) for rule in RULES if (f := rule(m)) is not None]
+    findings = [_measured_already(m, _safe(m, f)) for rule in RULES if (f := rule(m)) is not None]
     findings.sort(key=lambda f: (f.rule != "crash", SEVERITIES.index(f.severity)))
     seen: list[dict[str, Any]] = []
     out = []
@@ -110,18 +126,23 @@ def record_of(session: Any, steps: pd.DataFrame | None = None, samples: pd.DataF
 
 
 def advice_for(session: Any, segment_id: int | None = None) -> list[Finding]:
-    """The findings for a session's segment (default: the newest that measured enough steps and did not fail),
-    judged against the plan in force and screened with everything the session's history knows."""
+    """The findings for a session's segment (default: the newest that measured the plan in force, else the newest
+    that measured enough steps and did not fail), judged against the plan in force and screened with everything the
+    session's history knows."""
     steps = session.steps()
     if steps.empty:
         return []
     samples = session.samples()
     record = record_of(session, steps, samples)
     if segment_id is None:
+        # The newest measurement of the plan in force (after a roll-back: the segment before the rolled-back one),
+        # else the newest segment that measured enough steps and did not fail.
         failed = {f.segment_id for f in record.failures}
         counts = steps.groupby("segment_id").size()
         usable = [int(s) for s, n in counts.items() if s not in failed and n > THRESHOLDS["min_steps"].value]
-        segment_id = max(usable) if usable else int(steps["segment_id"].max())
+        in_force = record.measured(record.plan_in_force)
+        segment_id = in_force.segment_id if in_force is not None else max(usable) if usable else \
+            int(steps["segment_id"].max())
     return advise(steps, samples, session.knob_values(segment_id), segment_id=segment_id, procs=session.procs(),
                   record=record)
 

@@ -113,6 +113,11 @@ THRESHOLDS: dict[str, Threshold] = {
         1.4, "Long over short step under colocate_async above which the steps alternate by design, not by noise: "
              "the H200's sync steps varied by up to 1.34× (11.6–15.5 s), its colocate_async ones by 1.8–2.6× "
              "(2026-11-30: 16.0 / 6.8 / 12.9 / 6.1 s; 2026-12-01: 17.8 / 9.7 s)."),
+    "min_predicted_gain": Threshold(
+        0.10, "Share of the step a change must be predicted to save for a rule to offer it on its predicted gain "
+              "alone (once training is fast, generation and the critic remain at a quarter of the step each, below "
+              "their share thresholds): below a tenth, two measured steps can't tell the gain from generation's "
+              "move between segments (19 % of generation on the H200, a quarter of a fast step)."),
     "rollout_gpu_memory_max": Threshold(
         0.90, "Highest rollout_gpu_memory proposed: vLLM's share of memory, leaving 10 % for the CUDA context "
               "and fragmentation (the knob allows 0.95)."),
@@ -287,6 +292,42 @@ class Measurements:
     def scaled_budget(self, tokens: int, scale: float) -> int:
         """`tokens` × scale rounded down to a multiple of 1024, never below one longest sequence."""
         return max(self.longest_sequence, int(tokens * scale) // TOKEN_BUDGET_STEP * TOKEN_BUDGET_STEP)
+
+
+def loop_bound(m: Measurements) -> bool:
+    """verl's log-prob pass is the Python loop (fused kernels off) and the actor runs far below its FLOPs: training
+    is not yet fast, and what it costs dwarfs what other levers could gain."""
+    mfu = m.metric("perf/mfu/actor")
+    return not m.knobs["fused_kernels"] and len(mfu) >= limit("min_steps") and \
+        float(mfu.median()) < limit("logprob_loop_mfu")
+
+
+def training_is_fast(m: Measurements) -> bool:
+    """Evidence that training no longer dominates: fused log-prob kernels on, or the actor's MFU measured at or above
+    logprob_loop_mfu."""
+    mfu = m.metric("perf/mfu/actor")
+    return bool(m.knobs["fused_kernels"]) or (len(mfu) >= limit("min_steps") and
+                                              float(mfu.median()) >= limit("logprob_loop_mfu"))
+
+
+def predicted_gain(m: Measurements, change: Mapping[str, Any]) -> what_if.Prediction | None:
+    """The what-if prediction of `change` where it saves at least min_predicted_gain of the measured step (None
+    where it saves less, or nothing predicts it)."""
+    prediction = m.predicted(change) if change else None
+    if prediction is None or not prediction.measured_step_s > 0:
+        return None
+    gain = 1 - prediction.step_s / prediction.measured_step_s
+    return prediction if gain >= limit("min_predicted_gain") else None
+
+
+def gain_evidence(prediction: what_if.Prediction | None) -> dict[str, Any]:
+    """A prediction as evidence: the step it predicts, its band and what it rests on."""
+    if prediction is None:
+        return {}
+    low, high = prediction.step_range_s
+    return {"predicted_step_s": prediction.step_s, "predicted_band_s": [low, high],
+            "predicted_gain_s": prediction.measured_step_s - prediction.step_s,
+            "predicted_sources": dict(prediction.sources)}
 
 
 def changes(m: Measurements, **proposed: Any) -> dict[str, Any]:

@@ -7,15 +7,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..control import REPLAY_POLL_S
-from .core import Finding, Measurements, finding, limit, no_knob, prediction_text
+from .core import (Finding, Measurements, finding, gain_evidence, limit, no_knob, predicted_gain, prediction_text,
+                   training_is_fast)
 
 # Measured: 1 × H200, 2026-12-01 (issue 16's 0.5B workload, 128 prompts × 512 + 1 024), the advisor's round 2.
 ASYNC_EVIDENCE = "1 × H200, 2026-12-01: 16.1 s a step sync → 17.8 / 9.7 s alternating, a mean of 13.8 s"
 
 
 def rollout_bound(m: Measurements) -> Finding | None:
+    """Generation above rollout_share of the step; below it, once training is fast, where the what-if model
+    predicts the rollout change saves at least min_predicted_gain of the step."""
     share = m.share("gen")
-    if not share >= limit("rollout_share"):
+    if not share > 0 or (share < limit("rollout_share") and not training_is_fast(m)):
         return None
     change, effects = {}, []
     if m.knobs["trainer_mode"] == "sync":
@@ -43,11 +46,20 @@ def rollout_bound(m: Measurements) -> Finding | None:
     if batched is not None and batched < batch_prompt_tokens:
         change["rollout_max_batched_tokens"] = min(batch_prompt_tokens, 2 * int(batched))
         effects.append("the batch's prompts prefill in fewer engine passes")
+    dominant = share >= limit("rollout_share")
+    gain = predicted_gain(m, change)
+    if not dominant and gain is None:
+        return None
+    title = "Generation (rollout) dominates the step" if dominant else \
+        "Training is fast: generation is the largest lever left"
+    why = "" if dominant else (f", below {limit('rollout_share'):.0%}, but the what-if model predicts its change "
+                               f"saves {1 - gain.step_s / gain.measured_step_s:.0%} of the step")
     return finding(
-        m, rule="rollout-bound", title="Generation (rollout) dominates the step", severity="medium",
+        m, rule="rollout-bound", title=title, severity="medium",
         evidence={"gen_share": share, "gen_s": m.seconds("gen").tolist(), "step_s": m.seconds("step").tolist(),
-                  "peak_memory_share": m.peak_memory_share},
-        text=f"Generation took {share:.0%} of step time ({m.seconds_text('gen')} of {m.seconds_text('step')} steps)",
+                  "peak_memory_share": m.peak_memory_share, **gain_evidence(gain)},
+        text=f"Generation took {share:.0%} of step time ({m.seconds_text('gen')} of {m.seconds_text('step')} "
+             f"steps){why}",
         change=change,
         expected=("Shorter steps: " + "; ".join(effects) + "." + prediction_text(m.predicted(change)))
         if effects else no_knob(

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import memory, memory_fit
 from ..memory import PHASE_ROLE
-from .core import inside_steps
+from .core import inside_steps, limit
 
 # Where in verl a traceback points, innermost last: (phase, words that name it). The rollout engine's own start-up
 # and KV cache are "gen".
@@ -67,6 +67,16 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class MeasuredPlan:
+    """A segment that ran good steps: its plan and its mean step after the warm-up step (colocate_async alternates
+    long and short steps, so the mean of them, as the autopilot judges)."""
+
+    segment_id: int
+    knobs: Mapping[str, Any]
+    step_s: float
+
+
+@dataclass(frozen=True)
 class SessionRecord:
     memory_model: memory_fit.MemoryModel
     mem_total_gib: float
@@ -76,6 +86,12 @@ class SessionRecord:
     padded: bool | None
     roles: memory.Roles
     sequences: memory.Sequences
+    measured_plans: tuple[MeasuredPlan, ...] = ()
+
+    def measured(self, knobs: Mapping[str, Any]) -> MeasuredPlan | None:
+        """The newest segment that measured exactly this plan (None if none did)."""
+        same = [p for p in self.measured_plans if dict(p.knobs) == dict(knobs)]
+        return same[-1] if same else None
 
     def predict_memory(self, knobs: Mapping[str, Any], basis: Mapping[str, Any] | None = None
                        ) -> memory.MemoryPrediction:
@@ -150,7 +166,14 @@ def build_record(*, meta: Mapping[str, Any], segments: pd.DataFrame, knobs_of: C
         else None
     model = memory_fit.MemoryModel.fit(shape, observations, mem_total, crash_fits, critic_shape=critic)
     in_force, in_force_segment = _plan_in_force(rows, knobs_of, steps, initial_knobs)
-    return SessionRecord(model, mem_total, tuple(failures), in_force, in_force_segment, padded, roles, sequences)
+    return SessionRecord(model, mem_total, tuple(failures), in_force, in_force_segment, padded, roles, sequences,
+                         tuple(_measured_plan(row, knobs, seg) for row, knobs, seg in good
+                               if len(seg) > limit("min_steps")))
+
+
+def _measured_plan(row: Mapping[str, Any], knobs: Mapping[str, Any], seg: pd.DataFrame) -> MeasuredPlan:
+    after_warmup = pd.to_numeric(seg.sort_values("step")["timing_s/step"], errors="coerce").iloc[1:]
+    return MeasuredPlan(int(row["id"]), knobs, float(after_warmup.mean()))
 
 
 def _model_path(meta: Mapping[str, Any], role: str) -> str | None:

@@ -12,7 +12,7 @@ from .. import memory, memory_fit
 from .. import predict as what_if
 from ..knobs import MICRO_BATCH_KNOBS, batching_knobs_read
 from .core import (BUDGET_KNOBS, FUSED_BUDGETS, FUSED_EVIDENCE, GIB_PER_MIB, Finding, Measurements, changes,
-                   finding, limit, no_knob, prediction_text, value_range)
+                   finding, limit, loop_bound, no_knob, prediction_text, value_range)
 from .safety import screen
 
 # Measured: H200, 2026-11-30, 0.5B shape, 64 prompts × 256 + 256 tokens (the h200-proof recording, a hot change).
@@ -20,15 +20,8 @@ BUDGET_EVIDENCE = ("on one H200 (2026-11-30, 0.5B shape) raising every budget 4 
                    "from 12.1–12.9 s to 10.3–12.3 s (median 12.5 → 10.6 s, ≈ 15 % shorter)")
 
 
-def _loop_bound(m: Measurements) -> bool:
-    """verl's log-prob pass is the Python loop (fused kernels off) and the actor runs far below its FLOPs."""
-    mfu = m.metric("perf/mfu/actor")
-    return not m.knobs["fused_kernels"] and len(mfu) >= limit("min_steps") and \
-        float(mfu.median()) < limit("logprob_loop_mfu")
-
-
 def logprob_loop(m: Measurements) -> Finding | None:
-    if not _loop_bound(m):
+    if not loop_bound(m):
         return None
     mfu = m.metric("perf/mfu/actor")
     per_token = m.metric("timing_per_token_ms/update_actor")
@@ -111,7 +104,7 @@ def checkpointing_headroom(m: Measurements) -> Finding | None:
 
 def actor_update_bound(m: Measurements) -> Finding | None:
     share = m.share("update_actor")
-    if not share > limit("actor_update_share") or _loop_bound(m):
+    if not share > limit("actor_update_share") or loop_bound(m):
         return None  # a loop-bound actor gains little from batching: logprob-loop names the lever
     dynamic = bool(m.knobs["use_dynamic_bsz"])
     tokens = m.tokens_per_micro_batch("actor_token_budget", "actor_micro_batch")
