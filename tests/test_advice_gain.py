@@ -82,3 +82,15 @@ def test_advice_after_a_roll_back_reads_the_plan_in_force():
     default = session().advice_findings()
     assert default and {f.evidence["segment_id"] for f in default} == {3}
     assert [dataclasses.asdict(f) for f in default] == [dataclasses.asdict(f) for f in session().advice_findings(3)]
+
+
+def test_after_a_crash_that_was_not_out_of_memory_only_a_lever_is_left_out():
+    # h200-hot-lever (H200, 2026-12-01): the rollout-bound change crashed twice before verl started (the Ray
+    # cluster, not memory). Saving memory (offload, smaller budgets) avoids no such crash: the variant offered
+    # leaves a lever of the change out, and says which.
+    s = Session(resolve_recording("h200-hot-lever"), read_only=True)
+    rollout = {f.rule: f for f in s.advice_findings()}["rollout-bound"]
+    assert rollout.change and not any(k.endswith("offload") for k in rollout.change)
+    assert "left out" in rollout.expected and rollout.evidence["left_out"]
+    crashed = s.knob_values(3)
+    assert {**s.knob_values(2), **rollout.change} != crashed

@@ -125,8 +125,10 @@ def screen(m: Measurements, change: Mapping[str, Any]) -> Screened:
     whole_prediction = m.predicted(change)
     whole_failure = blocking_failure(m.record, {**m.knobs, **change}, m.knobs)
     safe: list[tuple[float, int, dict[str, Any], list[str], what_if.Prediction | None]] = []
+    # A crash that was not out of memory is avoided by no memory saving: only leaving a lever out may.
+    levers_only = whole_failure is not None and not whole_failure.oom
     for order, (variant, said) in enumerate(_variants(m, change)):
-        if not variant:
+        if not variant or (levers_only and not (said and all(s.endswith(" left out") for s in said))):
             continue
         prediction = m.predicted(variant)
         if prediction is not None and not prediction.fits:
