@@ -201,8 +201,9 @@ class Dashboard:
         the derived reads as in a tick, waited for; advice arrives from its own thread on a later refresh) and every
         panel recomputed and re-sent. Returns milliseconds per stage (read, then each panel's prepare + show)."""
         self._show(self._read(everything=True))
-        self.ctx.feed.wait_for_derived()
-        self._show(self._read(everything=True))
+        if self.ctx.feed.deriving():  # their results, then every panel again (else a second pass redid the first)
+            self.ctx.feed.wait_for_derived()
+            self._show(self._read(everything=True))
         return dict(self.timings_ms)
 
     # ----------------------------------------------------------------- live updates

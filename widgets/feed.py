@@ -231,6 +231,12 @@ class Feed:
             self._deriving.start()
         return news
 
+    def deriving(self) -> bool:
+        """Whether derived reads are under way, or have results the next read picks up."""
+        with self._derived_lock:
+            landed = bool(self._derived_results)
+        return landed or (self._deriving is not None and self._deriving.is_alive())
+
     def wait_for_derived(self, timeout: float = 120.0) -> None:
         """Block until the derived reads under way have finished (a full refresh); the next read picks them up."""
         if self._deriving is not None:
