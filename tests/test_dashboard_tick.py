@@ -6,6 +6,7 @@ compared with a straightforward one: pandas groupby over the raw rows, or over t
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 from widgets.charts import TimeAxis
 from widgets.events import balance_table
-from widgets.feed import STEP_METRICS, WINDOW_METRICS, Buckets
+from widgets.feed import STEP_METRICS, WINDOW_METRICS, Buckets, Feed
 from widgets.placement import gpu_memory
 from widgets.step_breakdown import StepBreakdownPanel
 from widgets.utilization import METRICS, utilization_figure
@@ -163,3 +164,33 @@ def test_the_step_chart_is_sent_again_only_when_a_shown_step_moved():
     assert panel.chart.revision == drawn + 1
     busy = panel.chart.trace("GPU busy %")["y"]
     assert busy.tolist() == [50.0, 50.0, 75.0]  # half of the third step's seconds at 100 %
+
+
+def test_a_tick_never_waits_for_the_advice_reading_the_store(live, monkeypatch):
+    """The advice reads every sample of a session (seconds on a long one): on a connection of its own, a tick's
+    reads go on meanwhile."""
+    session, writer = live
+    writer.add_samples(synthetic_rows(0, 20))
+    reading, release = threading.Event(), threading.Event()
+
+    def long_advice(handle, *_):  # holds its store connection as a long read does
+        with handle._store._lock:
+            reading.set()
+            release.wait(60)
+        return []
+
+    monkeypatch.setattr(Session, "advice_findings", long_advice)
+    monkeypatch.setattr(Feed, "_derive", lambda self, changed: set())  # no derived reads (knob table: verl)
+    feed = Feed(session, window_min=1)
+    try:
+        feed.read()  # starts the advice
+        assert reading.wait(30)
+        writer.add_samples(synthetic_rows(20, 5))
+        tick = threading.Thread(target=feed.read, daemon=True)
+        tick.start()
+        tick.join(10)
+        assert not tick.is_alive(), "the tick waited for the advice's read"
+        assert feed.samples["t"].iloc[-1] == pytest.approx(T0 + 24 / HZ)  # its news read: the newest bucket
+    finally:
+        release.set()
+        feed.wait_for_advice()
