@@ -94,3 +94,15 @@ def test_after_a_crash_that_was_not_out_of_memory_only_a_lever_is_left_out():
     assert "left out" in rollout.expected and rollout.evidence["left_out"]
     crashed = s.knob_values(3)
     assert {**s.knob_values(2), **rollout.change} != crashed
+
+
+@pytest.mark.parametrize("recording,segment", [("h200-autopilot-1.5b", 1), ("h200-autopilot-1.5b", 3),
+                                               ("h200-tuning", 1), ("h200-tuning", 2), ("h200-proof", 1)])
+def test_every_offered_change_carries_its_predicted_step_band_and_sources(recording, segment):
+    s = Session(resolve_recording(recording), read_only=True)
+    offered = [f for f in s.advice_findings(segment) if f.change]
+    assert offered
+    for f in offered:
+        low, high = f.evidence["predicted_band_s"]
+        assert low < f.evidence["predicted_step_s"] < high, f.rule
+        assert isinstance(f.evidence["predicted_sources"], dict) and "Predicted" in f.expected, f.rule

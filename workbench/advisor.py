@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import memory_fit
 from .advice.core import (BUDGET_KNOBS, FINDING_COLUMNS, FUSED_BUDGETS, OFFLOAD_KNOBS, SEVERITIES, THRESHOLDS,
-                          Finding, Measurements, measurements, segment_costs)
+                          Finding, Measurements, gain_evidence, measurements, prediction_text, segment_costs)
 from .advice.crash import after_crash
 from .advice.generation import async_alternation, gen_on_poll_grid, gpu_idle, rollout_bound, weight_sync
 from .advice.placement import pcie_offload, util_spread
@@ -41,18 +41,17 @@ RULES: tuple[Callable[[Measurements], Finding | None], ...] = (
 
 
 def _safe(m: Measurements, f: Finding) -> Finding:
-    """The finding with a change that passed the safety screen, rebased on the plan in force."""
+    """The finding with a change that passed the safety screen."""
     if not f.change or f.rule == "crash":  # the crash rule screened its own
-        return _in_force(m, f)
+        return f
     screened = screen(m, f.change)
     if screened.whole:
-        return _in_force(m, f)
+        return f
     evidence = {**f.evidence, "proposed": f.change, "left_out": screened.left_out}
     expected = f.expected if screened.change else ""
     note = screened.why + (f" Predicted for the part offered: {screened.prediction.text}." if screened.change
                            and screened.prediction is not None else "")
-    return _in_force(m, dataclasses.replace(f, change=screened.change, evidence=evidence,
-                                            expected=(f"{note} {expected}").strip()))
+    return dataclasses.replace(f, change=screened.change, evidence=evidence, expected=(f"{note} {expected}").strip())
 
 
 def _measured_already(m: Measurements, f: Finding) -> Finding:
@@ -69,6 +68,16 @@ def _measured_already(m: Measurements, f: Finding) -> Finding:
                                 "measured_plan": {"segment_id": seen.segment_id, "step_s": seen.step_s}},
         expected=f"Not offered again: segment {seen.segment_id} ran this plan at {seen.step_s:.1f} s a step against "
                  f"{here:.1f} s here (a measurement outranks the prediction). {f.expected}")
+
+
+def _with_prediction(m: Measurements, f: Finding) -> Finding:
+    """An offered change with the what-if model's prediction for it as offered: step, band, gain and sources in the
+    evidence, and in the expected gain's words where they are not yet."""
+    prediction = m.predicted(f.change) if f.change else None
+    if prediction is None:
+        return f
+    expected = f.expected if "Predicted" in f.expected else f.expected + prediction_text(prediction)
+    return dataclasses.replace(f, evidence={**f.evidence, **gain_evidence(prediction)}, expected=expected)
 
 
 def _in_force(m: Measurements, f: Finding) -> Finding:
@@ -93,7 +102,10 @@ def advise(steps: pd.DataFrame, samples: pd.DataFrame, knobs: Mapping[str, Any],
     m = measurements(steps, samples, knobs, segment_id=segment_id, procs=procs, record=record)
     if m is None:
         return []
-    findings = [_measured_already(m, _safe(m, f)) for rule in RULES if (f := rule(m)) is not None]
+    # Screened, ruled out where measured, predicted as offered: all against the measured segment's plan; then
+    # rebased on the plan in force.
+    findings = [_in_force(m, _with_prediction(m, _measured_already(m, _safe(m, f)))) for rule in RULES
+                if (f := rule(m)) is not None]
     findings.sort(key=lambda f: (f.rule != "crash", SEVERITIES.index(f.severity)))
     seen: list[dict[str, Any]] = []
     out = []
