@@ -138,7 +138,7 @@ def test_bad_input_to_a_session_gets_one_clear_line(home):
     from workbench import control as c
     from workbench.session import Session
 
-    session = Session.replay("h200-proof", speed=20, follow=False)
+    session = Session.replay("h200-proof", speed=20, startup_speed=200, follow=False)  # its start-up in <1 s
     try:
         session.wait_for_step(1, timeout=120)
         budget = session.knob_values()["actor_token_budget"]

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 
 TUNING = "h200-tuning"
 SPEED = 50
+STARTUP_SPEED = 500  # verl's recorded start-up (233 s) in ~0.5 s: each test acts from step 1 on
 TIMEOUT = 120.0
 # The recorded operator's changes: the advisor's proposal after step 4 (a restart), the critic budget after step 10.
 ADVICE = {"fused_kernels": True, "use_dynamic_bsz": True, "actor_token_budget": 16384, "logprob_token_budget": 32768,
@@ -67,7 +68,7 @@ def test_a_recording_offers_the_changes_to_its_other_plans():
 
 
 def test_your_pause_keeps_the_story_going_and_its_next_change_given_early_carries_it_on(home):
-    session = Session.replay(TUNING, speed=SPEED)
+    session = Session.replay(TUNING, speed=SPEED, startup_speed=STARTUP_SPEED)
     session.wait_for_step(1, timeout=TIMEOUT)
     session.pause()
     wait(session, lambda s: s.state == "paused")
@@ -87,7 +88,7 @@ def test_your_pause_keeps_the_story_going_and_its_next_change_given_early_carrie
 
 
 def test_a_change_of_your_own_takes_control_from_the_recorded_operator(home):
-    session = Session.replay(TUNING, speed=SPEED)
+    session = Session.replay(TUNING, speed=SPEED, startup_speed=STARTUP_SPEED)
     session.wait_for_step(1, timeout=TIMEOUT)
     session.apply({**ADVICE, **CRITIC})  # the recording's last plan at once: not its next change
     wait(session, lambda s: s.state == "finished", timeout=3 * TIMEOUT)  # its 2 recorded steps, then the run ends
@@ -98,7 +99,7 @@ def test_a_change_of_your_own_takes_control_from_the_recorded_operator(home):
 
 
 def test_a_replay_refuses_at_once_what_it_cannot_play_and_one_change_it_offers_applies(home):
-    session = Session.replay(TUNING, speed=SPEED, follow=False)
+    session = Session.replay(TUNING, speed=SPEED, startup_speed=STARTUP_SPEED, follow=False)
     session.wait_for_step(1, timeout=TIMEOUT)
     session.pause()  # at 50× the quickstart's 4 recorded steps end the run within seconds
     wait(session, lambda s: s.state == "paused")

@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 90.0  # for one condition; generous for a loaded machine
 FAST = 200  # recorded seconds per second: the recorded run (~400 s) in ~2 s
 SLOW = 50  # ~1 s between steps: room to act between two steps
-PROOF = "h200-proof"  # the real recording: 5 segments over ~950 s, ~20 s at PROOF_SPEED (each startup ~3 s)
+PROOF = "h200-proof"  # the real recording: 5 segments over ~950 s, its steps ~8 s at PROOF_SPEED
 PROOF_SPEED = 50
+PROOF_STARTUP_SPEED = 500  # verl's recorded start-ups (~150 s each, four of them) in ~0.3 s each
 GPM_COLUMNS = ["sm_active", "sm_occupancy", "tensor_active", "dram_active"]
 
 
@@ -380,7 +381,7 @@ def test_the_proof_recording_keeps_its_crashed_segment_and_its_operators_command
 @pytest.mark.slow
 def test_a_replay_follows_the_recorded_operator_through_the_whole_recording(home):
     """h200-proof end to end at 50×: a hot apply, two restarts, a recorded OOM crash, the rollback, the stop."""
-    session = Session.replay(PROOF, speed=PROOF_SPEED)  # by name: the bundled recording
+    session = Session.replay(PROOF, speed=PROOF_SPEED, startup_speed=PROOF_STARTUP_SPEED)  # by name: the bundled recording
     assert session.meta["recording"] == str(resolve_recording(PROOF)) and session.meta["follow"] is True
     wait(session, lambda s: s.state == "stopped", timeout=3 * TIMEOUT)
     source = proof_store()
@@ -453,7 +454,7 @@ def test_a_replay_follows_the_recorded_operator_through_the_whole_recording(home
 
 @pytest.mark.slow
 def test_without_following_a_replay_plays_the_first_recorded_segment_only(home):
-    session = Session.replay(PROOF, speed=PROOF_SPEED, follow=False)
+    session = Session.replay(PROOF, speed=PROOF_SPEED, startup_speed=PROOF_STARTUP_SPEED, follow=False)
     wait(session, lambda s: s.state == "finished")
     assert session.meta["follow"] is False
     assert session.steps()["step"].tolist() == list(range(1, 10)) and len(session.segments()) == 1
