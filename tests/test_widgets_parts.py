@@ -179,6 +179,38 @@ def test_advice_is_judged_against_the_plan_in_force_and_applys_feedback_outlives
     assert "applied at step 5" in status.value and "wb-changed" in status.value
 
 
+def test_new_findings_and_offers_create_no_widget_once_the_panels_are_built():
+    """A widget created while a page's kernel connection is down never reaches the page whole: at the reconnect
+    jupyter_server's nudge consumes iopub messages and replays the buffered ones after live ones, so a card's HTML
+    arrived naming a style model the page never got ('widget model not found', then "Cannot read properties of
+    undefined (reading 'create_view')"; reproduced in Chromium, 1 drop in 6-12 on an ended replay's page, as the
+    advice cards were built). A state change is healed by the page's restore; a new widget is not. So advice cards
+    and a replay's offers are slots built with the panel and filled in place. Synthetic findings and offers."""
+    import pandas as pd
+    from ipywidgets.widgets.widget import _instances
+
+    from widgets.offers import RecordedChanges
+
+    session = SimpleNamespace(apply_finding=lambda finding, wait: SimpleNamespace(state="accepted", message="ok"))
+    advisor = AdvisorPanel(SimpleNamespace(session=session, operator=True), SimpleNamespace(track=lambda h, w: None))
+    offers = RecordedChanges(lambda changes: None)
+    built = len(_instances)
+    feed = SimpleNamespace(findings=[_finding("budget", {"actor_token_budget": 16384})], findings_note="as of step 3",
+                           knob_table=pd.DataFrame({"name": ["actor_token_budget"], "value": [4096]}))
+    advisor.show(advisor.prepare(feed, {"findings"}))
+    feed.findings = [_finding(f"rule{i}", {"actor_token_budget": 1024 * (i + 5)}) for i in range(5)]
+    advisor.show(advisor.prepare(feed, {"findings"}))
+    advisor._buttons[2][0].click()
+    offers.show([{"critic_token_budget": 65536}], True, "running")
+    offers.show([{"fused_kernels": True}, {"critic_token_budget": 65536}, {"trainer_mode": "colocate_async"}], True,
+                "running")
+    assert len(_instances) == built
+    shown = [card for card in advisor.list.children if card.layout.display != "none"]
+    assert len(shown) == 5 and "rule4 (synthetic)" in shown[4].children[0].children[1].value
+    assert [b.description for b in offers.buttons.children if b.layout.display != "none"] == [
+        "Apply: fused_kernels = True", "Apply: critic_token_budget = 65536", "Apply: trainer_mode = 'colocate_async'"]
+
+
 def test_the_update_loop_changes_no_widget_before_a_page_has_rendered_the_charts(monkeypatch):
     """A page's widget manager builds its models from one snapshot of every widget's state, asked for as it
     connects; a widget created meanwhile whose state names one of the snapshot's not built yet failed in the page

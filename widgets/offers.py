@@ -15,6 +15,7 @@ from .common import READ_ONLY_REASON, assign
 from .knob_editor import plain
 
 TAKES_CHANGES = ("starting", "running", "paused")
+OFFER_SLOTS = 6  # a recording holds a few plans: one offer per other plan
 EFFECT = ("It takes effect at the end of the step under way (a restart-class change relaunches verl first): the "
           "Throughput chart below marks its segment (seg N) and draws its steps; Pending changes follows its progress.")
 
@@ -27,7 +28,7 @@ class RecordedChanges:
     def __init__(self, apply: Callable[[dict[str, Any]], Any]):
         self._apply = apply  # the changes panel's: applies a change and follows it
         self.note = W.HTML(_dom_classes=["wb-offers-note"])
-        self.buttons = W.VBox(_dom_classes=["wb-offers"])
+        self.buttons = W.VBox([self._slot(index) for index in range(OFFER_SLOTS)], _dom_classes=["wb-offers"])
         self.sent = W.HTML(_dom_classes=["wb-offers-sent"])
         self.widget = W.VBox([self.note, self.buttons, self.sent], _dom_classes=["wb-recorded-changes"])
         self.offers: list[dict[str, Any]] | None = []  # None: none read yet for the session followed
@@ -39,21 +40,27 @@ class RecordedChanges:
     def show(self, offers: list[dict[str, Any]] | None, operator: bool, state: str | None) -> None:
         if offers is not None and offers != self.offers:
             self.offers = offers
-            buttons = []
-            for changes in offers:
-                button = W.Button(description=f"Apply: {offer_text(changes)}", layout=W.Layout(width="auto"),
-                                  _dom_classes=["wb-offer"])
-                button.on_click(lambda _, c=changes: self._clicked(c))
-                buttons.append(button)
-            self.buttons.children = buttons
+            for index, button in enumerate(self.buttons.children):
+                shown = index < len(offers)
+                if shown:
+                    assign(button, description=f"Apply: {offer_text(offers[index])}")
+                assign(button.layout, display="" if shown else "none")
+            more = f" (the first {OFFER_SLOTS} of {len(offers)})" if len(offers) > OFFER_SLOTS else ""
             assign(self.note, value="" if not offers else
                    "<span class='wb-muted'>This replay plays what its recording holds. Changes it can play from "
-                   "the plan in force (one click applies one):</span>")
+                   f"the plan in force{more} (one click applies one):</span>")
         if offers is not None and not offers:
             assign(self.sent, value="")
         why = READ_ONLY_REASON if not operator else "" if state in TAKES_CHANGES else f"the session is {state}"
         for button in self.buttons.children:
             assign(button, disabled=bool(why), tooltip=why)
+
+    def _slot(self, index: int) -> W.Button:
+        """A button for the offer at `index` (hidden while there is none): built with the panel, filled in place (a
+        widget created while a page's connection is down never reaches the page whole: widgets/advisor.py)."""
+        button = W.Button(layout=W.Layout(width="auto", display="none"), _dom_classes=["wb-offer"])
+        button.on_click(lambda _: index < len(self.offers or []) and self._clicked(self.offers[index]))
+        return button
 
     def _clicked(self, changes: dict[str, Any]) -> None:
         handle = self._apply(changes)
@@ -67,6 +74,7 @@ class RecordedChanges:
         """The page follows a new session: what was sent to the old one goes, and so do the old plan's offers until
         the new session's are read (one clicked meanwhile would be refused)."""
         self.offers = None
-        self.buttons.children = []
+        for button in self.buttons.children:
+            assign(button.layout, display="none")
         assign(self.note, value="")
         assign(self.sent, value="")

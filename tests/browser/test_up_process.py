@@ -1,5 +1,5 @@
 """`verl-workbench up --no-browser` serves the dashboard page and leaves nothing behind on SIGTERM or Ctrl-C. The page
-is opened while the replay is in its recorded start-up (at 0.2× the first GPU sample comes minutes later): the GPU
+is opened while the replay is in its recorded start-up (at 0.01× the first GPU sample comes minutes later): the GPU
 chart shows an empty time axis and says what it waits for."""
 
 import re
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_up_serves_the_page_and_stops_clean(browser, tmp_path, sig):
-    up = Up.start(tmp_path, "--speed", "0.2")
+    up = Up.start(tmp_path, "--speed", "0.01")
     try:
         assert "replaying the recorded H200 session 'h200-tuning'" in up.output
         assert up.operator_url.startswith("http://127.0.0.1:") and f"session={up.session_id}" in up.operator_url
