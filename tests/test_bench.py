@@ -140,3 +140,11 @@ def test_gpu_campaign_refuses_an_unknown_workload_in_words(tmp_path):
         Campaign(tmp_path, replay=True, budget_s=60, steps_before=2, plain_steps=3, assets=tmp_path, machine="x",
                  workloads=("0.5b", "7b"))
     assert not (tmp_path / "progress.log").exists()  # refused before anything was written
+
+
+def test_gpu_campaign_refuses_unknown_parts_in_words(tmp_path):
+    from bench.gpu.campaign import Campaign
+
+    with pytest.raises(ValueError, match=r"parts 'hot': choose from all, restart"):
+        Campaign(tmp_path, replay=True, budget_s=60, steps_before=2, plain_steps=3, assets=tmp_path, machine="x",
+                 parts="hot")

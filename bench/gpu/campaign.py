@@ -84,13 +84,24 @@ WORKLOADS = {
 }
 
 
+# The autopilot's round-1 plan on 0.5b (the 2026-12-02 lease: kept, 3.0x quickstart's tokens/s/GPU, ~15 s a step):
+# what `parts="restart"` starts from, so that a cold start and a restart fit in what a lease has left.
+ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_budget": 32768,
+               "ref_token_budget": 32768, "gradient_checkpointing": False}
+PARTS = ("all", "restart")
+
+
 class Campaign:
     def __init__(self, out: Path, *, replay: bool, budget_s: float, steps_before: int, plain_steps: int,
-                 assets: Path, machine: str | None, workloads: tuple[str, ...] = tuple(WORKLOADS)):
+                 assets: Path, machine: str | None, workloads: tuple[str, ...] = tuple(WORKLOADS),
+                 parts: str = "all"):
         unknown = set(workloads) - set(WORKLOADS)
         if unknown or not workloads:
             raise ValueError(f"workloads {sorted(unknown) or '(none)'}: choose from {', '.join(WORKLOADS)}")
+        if parts not in PARTS:
+            raise ValueError(f"parts {parts!r}: choose from {', '.join(PARTS)}")
         self.workloads = workloads
+        self.parts = parts
         self.out = out
         self.results = out / "results"
         self.results.mkdir(parents=True, exist_ok=True)
@@ -529,7 +540,9 @@ class Campaign:
     # ------------------------------------------------------------------ the order of the parts
     def run(self) -> None:
         self.log(f"campaign on {self.machine} ({self.env.get('gpu')}), budget {self.budget_s:.0f} s, "
-                 f"replay={self.replay}")
+                 f"replay={self.replay}, parts {self.parts}")
+        if self.parts == "restart":
+            return self.restart_only()
         a, c = WORKLOADS["1.5b"], WORKLOADS["0.5b"]
         assets_c = self.prepare_assets(c) if c.name in self.workloads else None
         if a.name not in self.workloads:
@@ -560,6 +573,19 @@ class Campaign:
             self.part("d overhead vs plain verl", self.overhead)
         else:
             self.log(f"d skipped: {self.left():.0f} s left, plain verl needs {D_NEEDS_S}")
+        self.part("pack logs", self.pack_logs)
+        self.log("DONE")
+
+    def restart_only(self) -> None:
+        """Only (b) on 0.5b, from the autopilot's round-1 plan: cold start -> step 1 -> the control restart -> the first
+        resumed step (`restart_vs_cold_0.5b.json`, each phase of both launches)."""
+        base = WORKLOADS["0.5b"]
+        wl = Workload(base.name, base.shape, {**base.knobs, **ROUND1_0_5B}, base.n_train, base.replay)
+        self.steps_before, self.measured = 1, 0
+        if self.part("r1 start 0.5b on the autopilot's round-1 plan", self.start, wl):
+            self.part("r2 control restart: restart vs cold", self.control_restart, wl)
+        self.part("stop 0.5b", self.stop_session)
+        self.part("pack recordings", self.pack_recordings)
         self.part("pack logs", self.pack_logs)
         self.log("DONE")
 
@@ -631,10 +657,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default=os.environ.get("CAMPAIGN_WORKLOADS", ",".join(WORKLOADS)),
                    help="which workloads run, in the campaign's order (default: all; e.g. 0.5b: its autopilot with "
                         "the whole budget, then plain verl)")
+    p.add_argument("--parts", choices=PARTS, default=os.environ.get("CAMPAIGN_PARTS", "all"),
+                   help="all: the campaign; restart: only the control restart on 0.5b from the autopilot's round-1 "
+                        "plan (cold start, step 1, restart, first resumed step)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     Campaign(a.out, replay=a.replay, budget_s=a.budget_s, steps_before=a.steps_before, plain_steps=a.plain_steps,
-             assets=a.assets, machine=a.machine, workloads=tuple(w for w in a.workloads.split(",") if w)).run()
+             assets=a.assets, machine=a.machine, workloads=tuple(w for w in a.workloads.split(",") if w), parts=a.parts).run()
     return 0
 
 

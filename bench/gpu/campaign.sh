@@ -6,6 +6,7 @@
 #   bash bench/gpu/campaign.sh stop              end it (supervisor, verl, Ray) and copy what exists to $OUT
 # env: CAMPAIGN_BUDGET_S (1380: the whole campaign; later parts shrink or skip), PLAIN_STEPS (6),
 #      CAMPAIGN_WORKLOADS (1.5b,0.5b; e.g. 0.5b: only its autopilot, with the whole budget, then plain verl),
+#      CAMPAIGN_PARTS (all; restart: only the control restart on 0.5b from the autopilot's round-1 plan),
 #      WORKBENCH_COMPILE_CACHE (1), WORKBENCH_RAY_CLUSTER (1: one Ray cluster per session kept across segments,
 #      workbench/ray_cluster.py; 0: each run starts its own).
 # $OUT gets at most 5 files: progress.log, results.tar.gz (bench JSON + per-step CSV + advice + overrides),
@@ -72,7 +73,7 @@ case "$cmd" in
 export PYTHONPATH=/root/site:$C/code VERL_WORKBENCH_HOME=/root/wb WORKBENCH_SAMPLER_HZ=10
 export WORKBENCH_COMPILE_CACHE=${WORKBENCH_COMPILE_CACHE:-1} WORKBENCH_RAY_CLUSTER=${WORKBENCH_RAY_CLUSTER:-1}
 export CAMPAIGN_BUDGET_S=${CAMPAIGN_BUDGET_S:-1380} PLAIN_STEPS=${PLAIN_STEPS:-6}
-export CAMPAIGN_WORKLOADS=${CAMPAIGN_WORKLOADS:-1.5b,0.5b}
+export CAMPAIGN_WORKLOADS=${CAMPAIGN_WORKLOADS:-1.5b,0.5b} CAMPAIGN_PARTS=${CAMPAIGN_PARTS:-all}
 cd $C/code && exec $PY bench/gpu/campaign.py $C ${CAMPAIGN_ARGS:-}
 GO
     setsid nohup bash $C/go.sh > $C/stdout.log 2>&1 < /dev/null &
