@@ -42,6 +42,11 @@ def test_the_fused_lever_is_applied_hot_on_a_replay(tmp_path):
         handle = session.apply(FUSED_LEVER).wait(timeout=TIMEOUT)
         assert (handle.mode, handle.state) == ("hot", "applied"), handle
         session.wait_for_step(handle.step + 1, timeout=TIMEOUT)
+        # At 20x the fused plan's last recorded steps end the run within seconds: held at a step boundary, the replay
+        # still runs for the unplayable change below, however long this process's reads and preview take (CI, clean
+        # clone at load 3: the replay had ended, and the change got "the replay has ended" instead).
+        session.pause()
+        session.wait_until(lambda s: s.state == "paused", timeout=TIMEOUT, poll=0.1)
 
         events = session.events()
         applied = events[events["kind"] == "applied"].iloc[-1]
