@@ -80,3 +80,29 @@ def test_a_hot_change_the_run_cannot_take_is_not_applied(tmp_path, runnable_plan
     assert boundary.segment_id == segment and store.command(user)["state"] == c.NOT_APPLIED
     assert "not hot-applicable" in store.command(user)["result"]
     store.close()
+
+
+def test_a_pause_sent_behind_a_restart_is_left_for_the_relaunched_run(tmp_path, runnable_plan):
+    """A restart-class change, then a pause, both reaching a run that waits paused at its boundary in one poll: the
+    run checkpoints and ends, and the pause stays queued for the relaunched run's first boundary. (Taken together,
+    the pause kept the ending run waiting paused at its boundary: the restart never came; seen in CI as a replay
+    'paused with only step 1' after test_apply_hot_then_restart_then_crash_and_rollback's restart.)"""
+    import threading
+
+    store = Store(tmp_path)
+    segment = store.begin_segment(runnable_plan.to_json())
+    ended, checkpoints = [], []
+    boundary = StepBoundary(store, segment, hot_apply=lambda *a: None, checkpoint=lambda step: checkpoints.append(step)
+                            or "", end_run=lambda: ended.append(True), token=TOKEN)
+    store.put_command(c.RUNNER_PAUSE, c.signed(TOKEN, c.RUNNER_PAUSE, {}))
+    outcome = []
+    run = threading.Thread(target=lambda: outcome.append(boundary(1)), daemon=True)
+    run.start()
+    while store.meta().get("state") != c.PAUSED:  # the run waits paused at its boundary
+        run.join(0.05)
+    store.put_command(c.RUNNER_CHECKPOINT_EXIT, c.signed(TOKEN, c.RUNNER_CHECKPOINT_EXIT, {}))
+    pause = store.put_command(c.RUNNER_PAUSE, c.signed(TOKEN, c.RUNNER_PAUSE, {}))
+    run.join(10)
+    assert not run.is_alive() and outcome == [True] and ended == [True] and checkpoints == [1]
+    assert store.command(pause)["state"] == "queued"  # the relaunched run takes it
+    store.close()

@@ -63,7 +63,11 @@ class StepBoundary:
         after this step."""
         ending = False
         while True:
-            for directive in self.store.take_commands(kinds=c.RUNNER_DIRECTIVES, taker=c.TAKEN_BY_RUNNER):
+            # One at a time, and none once the run is ending: what comes behind a checkpoint-and-exit or a stop (a
+            # pause sent during a restart) is the relaunched run's; taken here, a pause kept the ending run waiting.
+            while not ending and (taken := self.store.take_commands(kinds=c.RUNNER_DIRECTIVES,
+                                                                     taker=c.TAKEN_BY_RUNNER, limit=1)):
+                directive = taken[0]
                 why = self._signatures.refusal(directive["kind"], directive["payload"])
                 if why is not None:
                     why = why if why.startswith("malformed") else "not signed by this session's supervisor"

@@ -358,8 +358,9 @@ class Store:
             )
             return int(cur.lastrowid)
 
-    def take_commands(self, kinds: Iterable[str] | None = None, taker: str = "taken") -> list[dict[str, Any]]:
-        """Atomically claim queued commands (oldest first), optionally only of some kinds."""
+    def take_commands(self, kinds: Iterable[str] | None = None, taker: str = "taken",
+                      limit: int | None = None) -> list[dict[str, Any]]:
+        """Atomically claim queued commands (oldest first), optionally only of some kinds, at most `limit` of them."""
         kinds = tuple(kinds) if kinds is not None else None
         with self._tx() as db:
             sql = "SELECT id, t, kind, payload_json FROM commands WHERE state='queued'"
@@ -367,7 +368,10 @@ class Store:
             if kinds is not None:
                 sql += f" AND kind IN ({','.join('?' * len(kinds))})"
                 args = kinds
-            rows = db.execute(sql + " ORDER BY id", args).fetchall()
+            sql += " ORDER BY id"
+            if limit is not None:
+                sql += f" LIMIT {int(limit)}"
+            rows = db.execute(sql, args).fetchall()
             db.executemany("UPDATE commands SET state=? WHERE id=?", [(taker, r[0]) for r in rows])
             if rows:
                 _bump(db, "commands")
