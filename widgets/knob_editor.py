@@ -93,7 +93,15 @@ class KnobEditor:
         self.relevant = bool(row.get("relevant", True))
         self.why_irrelevant = str(row.get("why_irrelevant") or "")
         self._marks: tuple[str, str] = ("", "")
+        # Off until set_enabled says whom the page serves: a viewer's page never shows an editable knob, even first.
+        for control in self._controls():
+            control.disabled = True
         self._render_message()
+
+    def _controls(self) -> list[W.Widget]:
+        if self.kind == "gpus":
+            return list(self._gpu_buttons)
+        return [self.control, self.slider] if self.slider else [self.control]
 
     # ----------------------------------------------------------------- building
     def _make_control(self, row: dict[str, Any], gpu_count: int | None) -> W.Widget:
@@ -219,8 +227,7 @@ class KnobEditor:
         """Off for viewers; off where the knob changes nothing in the plan in force, unless the operator asks to
         edit such knobs too (a change that turns them on, e.g. use_dynamic_bsz with budgets, or a plan to match)."""
         enabled = operator and (self.relevant or edit_irrelevant)
-        controls = self._gpu_buttons if self.kind == "gpus" else [self.control, self.slider] if self.slider else [self.control]
-        for control in controls:
+        for control in self._controls():
             if control.disabled == enabled:
                 control.disabled = not enabled
         self._read_only_reason = "" if operator else read_only_reason
