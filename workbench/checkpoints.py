@@ -119,11 +119,17 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def placed(session_dir: str | Path) -> bool:
+    """Whether the session's checkpoints already have their place (on disk or in host memory): decided once."""
+    link = Path(session_dir) / c.CHECKPOINT_DIR
+    return link.exists() or link.is_symlink()
+
+
 def place(session_dir: str | Path, expected_bytes: int | None, memory_root: Path = HOST_MEMORY_ROOT) -> str:
     """At a session's first launch: keep its checkpoints in host memory when a checkpoint of `expected_bytes` fits
     there beside Ray's object store; returns words for the launch event ("" when they stay on disk)."""
     link = Path(session_dir) / c.CHECKPOINT_DIR
-    if os.environ.get(IN_MEMORY_ENV, "auto") == "0" or expected_bytes is None or link.exists() or link.is_symlink():
+    if os.environ.get(IN_MEMORY_ENV, "auto") == "0" or expected_bytes is None or placed(session_dir):
         return ""
     try:
         free = shutil.disk_usage(memory_root).free

@@ -89,7 +89,8 @@ class Supervisor:
         return Plan.from_json(self.store.last_segment()["plan_json"])
 
     def _live_run(self, segment_id: int, plan: Plan, env: dict[str, str]) -> Run:
-        placed = checkpoints.place(self.dir, checkpoint_bytes(plan))  # before the run can write one
+        # Before the run can write one; sized (config.json reads, NVML) only while not yet decided.
+        placed = "" if checkpoints.placed(self.dir) else checkpoints.place(self.dir, checkpoint_bytes(plan))
         if placed:
             self.store.add_event(c.EV_RUNTIME, placed)
         return LiveRun(self.dir, segment_id, plan, env, ray=self.ray)
