@@ -145,6 +145,37 @@ def test_gpu_campaign_refuses_an_unknown_workload_in_words(tmp_path):
 def test_gpu_campaign_refuses_unknown_parts_in_words(tmp_path):
     from bench.gpu.campaign import Campaign
 
-    with pytest.raises(ValueError, match=r"parts 'hot': choose from all, restart"):
+    with pytest.raises(ValueError, match=r"parts 'hot': choose from all, restart, probe"):
         Campaign(tmp_path, replay=True, budget_s=60, steps_before=2, plain_steps=3, assets=tmp_path, machine="x",
                  parts="hot")
+
+
+def test_probe_figures_time_each_rebuild_from_its_boundary_to_its_first_step():
+    """SYNTHETIC stamps in inplace_probe.json's format (bench/gpu/inplace_probe.py): the arithmetic of the figures,
+    including a rebuild that failed (no ratio for it) and the phases between stamps."""
+    from bench.gpu.campaign import probe_figures
+
+    t0 = 1000.0
+    stamps = [["TaskRunner up", t0 + 20], ["TransferQueue ready", t0 + 40], ["trainer 1 ready", t0 + 150],
+              ["agent loops ready", t0 + 170], ["trainer 1 done", t0 + 230],
+              ["rebuild 2 (keep all: {}): checkpoint", t0 + 231], ["teardown (keep all)", t0 + 245],
+              ["teardown done (1 actors killed, 1 GPU processes left)", t0 + 250],
+              ["rebuild 2 (keep all: {}): trainer init", t0 + 250], ["rebuild 2 (keep all: {}): trainer ready", t0 + 280],
+              ["rebuild 2 (keep all: {}): done", t0 + 330],
+              ["rebuild 3 (keep none: {}): checkpoint", t0 + 331], ["failed: RuntimeError('x')", t0 + 340]]
+    steps = [{"step": 1, "t": t0 + 200, "timing_s/step": 30.0}, {"step": 2, "t": t0 + 215, "timing_s/step": 15.0},
+             {"step": 3, "t": t0 + 230, "timing_s/step": 15.0}, {"step": 4, "t": t0 + 300, "timing_s/step": 20.0},
+             {"step": 5, "t": t0 + 315, "timing_s/step": 15.0}]
+    data = {"process_start": t0, "stamps": stamps, "steps": steps, "error": "RuntimeError('x')",
+            "rebuilds": [{"keep": "all", "change": {"a": 1}, "ok": True}, {"keep": "none", "change": {"b": 2}, "ok": False}]}
+    fig = probe_figures(data)
+    assert fig["cold_start_s"] == 200.0
+    kept, failed = fig["rebuilds"]
+    assert kept["boundary_to_first_step_s"] == 69.0 and kept["value"] == pytest.approx(69.0 / 200.0)
+    assert kept["phases_s"] == {"rebuild 2 (keep all: {}): checkpoint ->": 14.0, "teardown (keep all) ->": 5.0,
+                                "teardown done (1 actors killed, 1 GPU processes left) ->": 0.0,
+                                "rebuild 2 (keep all: {}): trainer init ->": 30.0,
+                                "rebuild 2 (keep all: {}): trainer ready ->": 20.0}
+    assert kept["steps_after_s"] == [20.0, 15.0]
+    assert "value" not in failed and fig["best_ratio"] == round(69.0 / 200.0, 3)
+    assert fig["cold_phases_s"]["TransferQueue ready ->"] == 110.0

@@ -88,7 +88,7 @@ WORKLOADS = {
 # what `parts="restart"` starts from, so that a cold start and a restart fit in what a lease has left.
 ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_budget": 32768,
                "ref_token_budget": 32768, "gradient_checkpointing": False}
-PARTS = ("all", "restart")
+PARTS = ("all", "restart", "probe")
 
 
 class Campaign:
@@ -543,6 +543,8 @@ class Campaign:
                  f"replay={self.replay}, parts {self.parts}")
         if self.parts == "restart":
             return self.restart_only()
+        if self.parts == "probe":
+            return self.probe_only()
         a, c = WORKLOADS["1.5b"], WORKLOADS["0.5b"]
         assets_c = self.prepare_assets(c) if c.name in self.workloads else None
         if a.name not in self.workloads:
@@ -589,6 +591,63 @@ class Campaign:
         self.part("pack logs", self.pack_logs)
         self.log("DONE")
 
+    def probe_only(self) -> None:
+        """Only (e): the import times of each kind of process, then bench/gpu/inplace_probe.py on 0.5b's round-1 plan
+        (plain verl: a cold start, 3 steps, then the trainer rebuilt in the same TaskRunner once per rebuild)."""
+        wl = WORKLOADS["0.5b"]
+        importing = threading.Thread(target=self.part, args=("e0 import times per process kind", self.import_times),
+                                     name="import-times")
+        importing.start()  # beside the assets (CPU), before any GPU work: nothing else runs
+        self.part("e0 assets 0.5b", self.workload_assets, wl)
+        importing.join()
+        self.part("e1 in-place rebuild probe", self.inplace_probe, wl)
+        self.log("DONE")
+
+    def import_times(self) -> None:
+        path = self.results / "import_times.json"
+        subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "import_times.py"), str(path)],
+                       env=self.plain_env(), cwd=ROOT, timeout=max(60.0, self.left()), check=True)
+        self.log("import times: " + json.dumps({k: v["wall_s"] for k, v in json.loads(path.read_text())["imports"].items()}))
+
+    def plain_env(self) -> dict[str, str]:
+        """Plain verl's environment: verl has no workbench fallback for flash-attn's absence in the critic, the
+        staging's does that."""
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in ("/root/site", "/root/fallback", env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def inplace_probe(self, wl: Workload) -> None:
+        from workbench.assets.plans import offline_overrides
+        from workbench.plan import Plan
+
+        plan = Plan.from_verl(overrides=offline_overrides(self.assets / wl.name)).with_changes(
+            {**wl.knobs, **ROUND1_0_5B})
+        run = self.out / "probe"
+        run.mkdir(exist_ok=True)
+        command = [sys.executable, str(ROOT / "bench" / "gpu" / "inplace_probe.py"), str(run), "--",
+                   *plain_overrides(plan.to_overrides(), steps=3)]
+        (self.out / "probe_command.txt").write_text(" ".join(command) + "\n")
+        t0 = time.time()
+        with open(run / "log.txt", "wb") as logf:
+            proc = subprocess.Popen(command, cwd=run, env=self.plain_env(), stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=max(60.0, self.left() + 60))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = "timeout"
+        self.log(f"probe exited {rc} after {time.time() - t0:.0f} s")
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=60)
+        data = json.loads((run / "inplace_probe.json").read_text())
+        (self.results / "inplace_probe_raw.json").write_text(json.dumps(data, indent=1))
+        fig = probe_figures(data)
+        self.save("inplace_restart_probe", value=fig["best_ratio"], unit="x cold start (plain verl, same process)",
+                  goal="<= 0.6", repetitions=fig["rebuilds"], details={**fig, "rc": rc},
+                  notes="each rebuild: its step boundary (checkpoint start) -> the end of the first step after it, "
+                        "over the probe's cold start: process start -> the end of step 1. Plain verl 0.9.1 with "
+                        "bench/gpu/inplace_probe.py's TaskRunner, no workbench session; the raw stamps are in "
+                        "inplace_probe_raw.json")
+
     def second_workload(self, wl: Workload) -> None:
         rounds = self.autopilot(wl, max_rounds=max(1, int((self.left() - 60) // ROUND_NEEDS_S)))
         for r in rounds:
@@ -617,6 +676,41 @@ def overhead_figures(tuned: pd.DataFrame, plain_rows: list[dict]) -> dict:
                     "session_median_step_s": median(sess_step), "plain_median_step_s": median(plain_step),
                     "ran": {"session": len(sess_step), "plain": len(plain_step)}},
     }
+
+
+def probe_figures(data: dict) -> dict:
+    """inplace_probe.json's stamps as phases: the cold start, and per rebuild its boundary -> first step after it."""
+    stamps = [(what, float(t)) for what, t in data.get("stamps", [])]
+    steps = sorted(data.get("steps", []), key=lambda row: row["t"])
+    if not steps:
+        raise RuntimeError(f"the probe ran no step: {data.get('error') or data.get('stamps')}")
+    cold = steps[0]["t"] - float(data["process_start"])
+    out: dict[str, Any] = {"cold_start_s": cold, "cold_phases_s": _phases(stamps, float(data["process_start"]),
+                                                                           steps[0]["t"]),
+                           "steps": steps, "rebuilds": [], "error": data.get("error")}
+    for number, rebuild in enumerate(data.get("rebuilds", []), start=2):
+        begin = next((t for what, t in stamps if what.startswith(f"rebuild {number} (") and what.endswith(": checkpoint")),
+                     None)
+        after = [row for row in steps if begin is not None and row["t"] > begin]
+        row = {"keep": rebuild["keep"], "change": rebuild["change"], "ok": rebuild["ok"],
+               "error": rebuild.get("error"), "recovered": bool(rebuild.get("recovered_by_rebuilding_all"))}
+        if begin is not None and after and (rebuild["ok"] or row["recovered"]):
+            row.update(value=(after[0]["t"] - begin) / cold, boundary_to_first_step_s=after[0]["t"] - begin,
+                       phases_s=_phases(stamps, begin, after[0]["t"]),
+                       steps_after_s=[r.get("timing_s/step") for r in after[:2]])
+        out["rebuilds"].append(row)
+    ratios = [r["value"] for r in out["rebuilds"] if "value" in r]
+    out["best_ratio"] = round(min(ratios), 3) if ratios else None
+    return out
+
+
+def _phases(stamps: list[tuple[str, float]], begin: float, end: float) -> dict[str, float]:
+    """Seconds from each stamp in [begin, end) to the next one (the last one to `end`)."""
+    inside = [(what, t) for what, t in stamps if begin <= t < end]
+    marks = inside + [("first step done", end)]
+    start = [("start", begin)] if not inside or inside[0][1] > begin else []
+    marks = start + marks
+    return {f"{what} ->": round(nxt - t, 2) for (what, t), (_, nxt) in zip(marks, marks[1:])}
 
 
 def restart_env_flags() -> dict:
