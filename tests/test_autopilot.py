@@ -166,13 +166,13 @@ class FakeHandle:
 class FakeSession:
     is_operator, id, failure = True, "fake", None
 
-    def __init__(self, findings, apply_state: str = "refused", steps: int = 3):
+    def __init__(self, findings, apply_state: str = "refused", steps: int = 3, step_s: float = 10.0):
         import pandas as pd
 
         self.findings, self.apply_state, self.state = findings, apply_state, "running"
         self.applied: list[dict] = []
-        self._steps = pd.DataFrame({"segment_id": 1, "step": range(1, steps + 1), "timing_s/step": 10.0,
-                                    "perf/throughput": 1000.0})
+        self._steps = pd.DataFrame({"segment_id": 1, "step": range(1, steps + 1), "timing_s/step": step_s,
+                                    "perf/throughput": 10_000.0 / step_s})
         self.plan = type("P", (), {"knob_values": staticmethod(lambda: {"fused_kernels": False})})()
 
     def steps(self):
@@ -230,10 +230,12 @@ def test_the_time_budget_ends_the_wait_for_a_first_measurement():
 
 class ScriptedSession(FakeSession):
     """SYNTHETIC, shaped like the H200's 1.5B round of 2026-12-01 (bench/results/h200_2026-12-01_lease3): each
-    applied change opens a segment whose steps take the seconds the script gives; the prediction is as given."""
+    applied change opens a segment whose steps take the seconds the script gives (one value for all three steps, or
+    the warm-up step's and the measured ones'); the prediction is as given (one for every round, or one per round)."""
 
-    def __init__(self, findings, script: list[float], predicted: tuple[float, float]):
-        super().__init__(findings, apply_state="applied")
+    def __init__(self, findings, script: list, predicted: tuple[float, float] | list[tuple[float, float]],
+                 step_s: float = 10.0):
+        super().__init__(findings, apply_state="applied", step_s=step_s)
         self.script, self.predicted = list(script), predicted
         self._segments = [1]
 
@@ -243,7 +245,7 @@ class ScriptedSession(FakeSession):
         return pd.DataFrame({"id": self._segments})
 
     def predict(self, change):
-        step_s, high_s = self.predicted
+        step_s, high_s = self.predicted.pop(0) if isinstance(self.predicted, list) else self.predicted
         return type("Prediction", (), {"step_s": step_s, "step_range_s": (step_s - (high_s - step_s), high_s)})()
 
     def apply(self, change):
@@ -253,8 +255,9 @@ class ScriptedSession(FakeSession):
         segment, first = self._segments[-1] + 1, int(self._steps["step"].max()) + 1
         self._segments.append(segment)
         step_s = self.script.pop(0)
+        step_s = pd.Series(step_s if isinstance(step_s, tuple) else (step_s,) * 3, dtype=float)
         self._steps = pd.concat([self._steps, pd.DataFrame({
-            "segment_id": segment, "step": range(first, first + 3), "timing_s/step": step_s,
+            "segment_id": segment, "step": range(first, first + len(step_s)), "timing_s/step": step_s,
             "perf/throughput": 10_000.0 / step_s})], ignore_index=True)
         return FakeHandle("applied", f"hot: {change}")
 
@@ -269,3 +272,53 @@ def test_a_kept_change_slower_than_its_band_ends_the_run_and_counts_in_the_speed
     assert list(result.story["outcome"]) == ["kept"] and "slower than predicted" in result.ended_because
     assert result.after.segment_id == 2 and result.after.step_s == pytest.approx(4.4)
     assert result.speedup == pytest.approx((10_000.0 / 4.4) / 1000.0)  # the kept segment's over the first's
+
+
+# ------------------------------------------------------------------------------- the band against the step noise
+# On the H200 (2026-12-02, bench/results/h200_2026-12-02) round 1 measured 14.41 and 14.56 s (mean 14.48 s) against
+# a band up to 14.44 s: 0.3 % past its top, far inside a 2-step mean's own noise, and the autopilot stopped there.
+TWO_FINDINGS = [finding("logprob-loop", {"fused_kernels": True}), finding("rollout-bound",
+                                                                        {"trainer_mode": "colocate_async"})]
+H200_ROUND_1 = (12.74, 14.44)  # predicted step and the band's top (autopilot_0.5b.json)
+
+
+def test_step_noise_is_the_mean_s_standard_error_or_the_recorded_floor():
+    from workbench.autopilot import STEP_NOISE_FLOOR, step_noise_s
+
+    # Two close steps say less about the noise than the H200 recordings do: the floor holds.
+    assert step_noise_s([14.41, 14.56]) == pytest.approx(STEP_NOISE_FLOOR * 14.485)
+    assert 0.3 < step_noise_s([14.41, 14.56]) < 0.5
+    # Two far-apart steps (the 1.5B round of 2026-12-01: 27.43 and 22.98 s) carry their own: |a - b| / 2.
+    assert step_noise_s([27.43, 22.98]) == pytest.approx(2.225)
+    # More steps, a smaller standard error (the floor shrinks as 1/sqrt(n) too).
+    assert step_noise_s([14.5] * 4) == pytest.approx(STEP_NOISE_FLOOR * 14.5 * (2 / 4) ** 0.5)
+
+
+def test_a_round_past_its_band_by_less_than_its_step_noise_goes_on():
+    session = ScriptedSession(TWO_FINDINGS, script=[(15.37, 14.41, 14.56), (12.0, 10.0, 10.2)],
+                              predicted=[H200_ROUND_1, (9.0, 11.0)], step_s=42.6)
+    result = Autopilot(session, max_rounds=2, budget_s=30).run()
+    assert list(result.story["outcome"]) == ["kept", "kept"], result.ended_because
+    assert result.ended_because == "the round budget (2) is spent"
+    first = result.story.loc[0]
+    assert first["measured_step_s"] > first["predicted_high_s"] and 0.3 < first["step_noise_s"] < 0.5
+    assert "14.5 s against at most 14.4 s + 0.4 s of step noise" in first["why"], first["why"]
+    assert session.applied == [{"fused_kernels": True}, {"trainer_mode": "colocate_async"}]
+
+
+def test_a_round_whose_own_steps_spread_widely_is_judged_by_that_spread():
+    """Shaped like the 1.5B round of 2026-12-01: 27.43 and 22.98 s (mean 25.2 s) against a band up to 24.0 s."""
+    session = ScriptedSession(TWO_FINDINGS, script=[(25.82, 27.43, 22.98), (20.0, 18.0, 18.0)],
+                              predicted=[(22.4, 24.0), (17.0, 19.0)], step_s=57.3)
+    result = Autopilot(session, max_rounds=2, budget_s=30).run()
+    assert list(result.story["outcome"]) == ["kept", "kept"], result.ended_because
+    assert "25.2 s against at most 24.0 s + 2.2 s of step noise" in result.story.loc[0, "why"]
+
+
+def test_a_round_far_outside_its_band_still_ends_the_run():
+    session = ScriptedSession(TWO_FINDINGS, script=[(18.0, 16.9, 17.1)], predicted=[H200_ROUND_1], step_s=42.6)
+    result = Autopilot(session, max_rounds=2, budget_s=30).run()
+    assert list(result.story["outcome"]) == ["kept"] and len(session.applied) == 1
+    assert "slower than predicted" in result.ended_because and "model is off" in result.ended_because
+    assert "17.0 s against at most 14.4 s + 0.5 s of step noise" in result.ended_because, result.ended_because
+    assert result.after.step_s == pytest.approx(17.0)  # the kept change is in force

@@ -12,8 +12,10 @@ with `session.rollback()` — the crash stays in the session's record, so the ad
 The next round starts from the plan then in force, advised on its own measured segment.
 
 It stops when no applicable finding is left, at the round or time budget, when `stop` is set (or the session
-stops), or when a change came out slower than predicted by more than its band (the model is off for this run:
-following it further is guesswork). A paused session pauses it. Every round is a segment of the session; the
+stops), or when a change came out slower than predicted by more than its band and the measurement's own noise (the
+model is off for this run: following it further is guesswork). The band already carries the basis segment's spread
+(workbench.predict); what it cannot carry is the noise of the few steps a round measures, so a round's mean counts
+as past its band only when it exceeds the band's top by more than that mean's standard error (`step_noise_s`). A paused session pauses it. Every round is a segment of the session; the
 story says what each one did and why.
 """
 
@@ -33,9 +35,24 @@ from .knobs import ALGORITHM_KNOBS
 Session = Any
 
 STORY_COLUMNS = ("round", "rule", "change", "mode", "segment_id", "predicted_step_s", "predicted_high_s",
-                 "baseline_step_s", "measured_step_s", "throughput", "outcome", "why")
+                 "baseline_step_s", "measured_step_s", "step_noise_s", "throughput", "outcome", "why")
 ENDED = ("stopped", "finished", "failed", "lost")
 POLL_S = 0.2
+# The relative standard error of a 2-step mean on real H200 runs: |a - b| / (a + b) over the 42 pairs of consecutive
+# sync steps after the warm-up step in the five recordings of workbench/assets/recordings/ (h200-proof,
+# h200-lora-critic-sync, h200-tuning, h200-hot-lever, h200-autopilot-1.5b) and
+# bench/results/h200_2026-12-02/campaign_per_step_0.5b.csv: median 2.75 % (quartiles 1.4–6.5 %, mean 3.9 %). Two
+# steps that happen to agree (14.41 and 14.56 s on 2026-12-02) say less about the noise than that record does.
+STEP_NOISE_FLOOR = 0.0275
+
+
+def step_noise_s(step_s) -> float:
+    """The standard error of the mean of `step_s` (seconds), at least the recorded H200 floor for that many steps
+    (STEP_NOISE_FLOOR for two, shrinking as 1/sqrt(n))."""
+    steps = pd.Series(step_s, dtype=float).dropna()
+    n, mean = len(steps), float(steps.mean())
+    floor = STEP_NOISE_FLOOR * mean * math.sqrt(2 / n)
+    return max(floor, float(steps.std(ddof=1)) / math.sqrt(n)) if n > 1 else floor
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,7 @@ class Measured:
     steps: tuple[int, ...]
     step_s: float  # mean of the measured steps (colocate_async alternates long and short ones)
     throughput: float  # tokens/s/GPU, mean of the same steps
+    noise_s: float = math.nan  # the mean's standard error (step_noise_s)
 
 
 @dataclass
@@ -87,6 +105,7 @@ class _Round:
     predicted_high_s: float = math.nan
     baseline_step_s: float = math.nan
     measured_step_s: float = math.nan
+    step_noise_s: float = math.nan
     throughput: float = math.nan
     outcome: str = ""
     why: str = ""
@@ -146,8 +165,9 @@ class Autopilot:
         if len(measured) < self.steps_per_round:
             return None
         throughput = pd.to_numeric(measured.get("perf/throughput", pd.Series(dtype=float)), errors="coerce")
-        return Measured(segment_id, tuple(int(s) for s in measured["step"]),
-                        float(pd.to_numeric(measured["timing_s/step"]).mean()), float(throughput.mean()))
+        step_s = pd.to_numeric(measured["timing_s/step"])
+        return Measured(segment_id, tuple(int(s) for s in measured["step"]), float(step_s.mean()),
+                        float(throughput.mean()), step_noise_s(step_s))
 
     def _measure_newest(self, after_segment: int, what: str) -> Measured | None:
         """Wait for a segment newer than `after_segment` and its measured steps; None if the run crashed first."""
@@ -205,8 +225,10 @@ class Autopilot:
         r.segment_id = self._newest_segment()
         if result is None:
             return self._roll_back_crash(r, baseline)
-        r.measured_step_s, r.throughput = result.step_s, result.throughput
-        slower_than_band = r.measured_step_s > r.predicted_high_s
+        r.measured_step_s, r.step_noise_s, r.throughput = result.step_s, result.noise_s, result.throughput
+        slower_than_band = r.measured_step_s > r.predicted_high_s + r.step_noise_s
+        against_band = (f"{result.step_s:.1f} s against at most {r.predicted_high_s:.1f} s + "
+                        f"{r.step_noise_s:.1f} s of step noise")
         if result.step_s < baseline.step_s:
             r.outcome = "kept"
             r.why = f"{result.step_s:.1f} s a step against {baseline.step_s:.1f} s"
@@ -220,11 +242,13 @@ class Autopilot:
             if not applied:
                 raise _Stopped(f"round {r.number}'s change could not be rolled back: {message}")
             kept = baseline
+        if not math.isnan(r.predicted_high_s):
+            r.why += f"; predicted {r.predicted_step_s:.1f} s: {against_band}"
         if slower_than_band:
             # The stop ends the run, not the round: what it kept is in force and is the run's "after".
             raise _Stopped(f"round {r.number} measured {result.step_s:.1f} s a step, slower than predicted "
-                           f"({r.predicted_step_s:.1f} s, at most {r.predicted_high_s:.1f} s): the model is off "
-                           "for this run", in_force=kept)
+                           f"({r.predicted_step_s:.1f} s; {against_band}): the model is off for this run",
+                           in_force=kept)
         return kept
 
     def _roll_back_crash(self, r: _Round, baseline: Measured) -> Measured:
