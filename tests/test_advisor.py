@@ -239,15 +239,45 @@ def test_reference_run_is_rollout_bound_and_gets_colocate_async(advised):
     assert f.evidence["gen_share"] == pytest.approx(later["timing_s/gen"].sum() / later["timing_s/step"].sum())
     assert f.evidence["gen_share"] == pytest.approx(0.482, abs=0.001)
     assert f.change["trainer_mode"] == "colocate_async"
-    # vLLM's 0.4 grows in steps of 0.05 while the memory model's peak, band included, stays under 80 % of the GPU.
-    raised = f.change["rollout_gpu_memory"]
-    case = CASES["run"]()
-    m = measurements(case["steps"], case["samples"], advised.knobs("run"))
-    total = m.cost.mem_total_gb
-    assert 0.4 < raised and m.predicted(f.change).memory.upper_gib < 0.8 * total
-    assert m.predicted({**f.change, "rollout_gpu_memory": raised + 0.05}).memory.upper_gib >= 0.8 * total
+    # vLLM's KV cache at 0.4 of the H200 holds millions of tokens; 64 sequences × 512 tokens fill under 1 % of it:
+    # more rollout memory can't keep more of them decoding at once, so none is proposed, and the finding says why.
+    assert "rollout_gpu_memory" not in f.change
+    assert f.evidence["kv_cache_tokens"] > 100 * f.evidence["kv_tokens_needed"] == 100 * 64 * 512
+    assert "rollout memory stays at 0.4" in f.expected and "KV cache holds" in f.expected
     assert f.change["rollout_max_batched_tokens"] == 64 * 256
     assert "48%" in f.evidence_text and "8.1 s" in f.expected
+
+
+def test_the_kv_cache_size_is_what_vllm_logged():
+    """vLLM 0.24 on the H200 (bench/results/h200_2026-12-02/campaign_logs.tar.gz, segment-1.log), the 0.5B shape
+    at gpu_memory_utilization 0.4: "Available KV cache memory: 53.66 GiB", "GPU KV cache size: 4,689,264 tokens"."""
+    from workbench.memory import KNOWN_SHAPES, kv_cache_tokens
+
+    knobs = {"rollout_gpu_memory": 0.4, "rollout_max_batched_tokens": None, "rollout_tp": 1}
+    tokens = kv_cache_tokens(knobs, KNOWN_SHAPES["qwen2.5-0.5b"], H200_MEM_TOTAL_MIB / 1024)
+    assert tokens == pytest.approx(4_689_264, rel=0.05)
+
+
+def test_rollout_memory_grows_only_as_far_as_the_kv_cache_needs(advised):
+    """SYNTHETIC: the reference run's measurements read as if its plan had given vLLM 0.05 of the GPU and asked for
+    4 096-token responses: 64 × 4 352 tokens are more than half of what that KV cache holds, so rollout memory
+    grows, to the smallest share whose cache holds twice that (the estimate's margin), and no further."""
+    from workbench.advice.generation import rollout_bound
+    from workbench.memory import kv_cache_tokens
+
+    case = CASES["run"]()
+    knobs = {**advised.knobs("run"), "max_response_length": 4096, "rollout_gpu_memory": 0.05}
+    m = measurements(case["steps"], case["samples"], knobs)
+    f = rollout_bound(m)
+    raised, needed = f.change["rollout_gpu_memory"], 64 * (256 + 4096)
+    shape, total = m.predicted({}).memory.shape, m.cost.mem_total_gb
+
+    def cache(share):
+        return kv_cache_tokens({**knobs, **f.change, "rollout_gpu_memory": share}, shape, total)
+    assert f.evidence["kv_tokens_needed"] == needed and f.evidence["kv_cache_tokens"] < 2 * needed
+    assert raised > 0.05 and cache(raised) >= 2 * needed > cache(round(raised - 0.05, 2))
+    assert m.predicted(f.change).memory.upper_gib < 0.8 * total
+    assert "KV cache" in f.expected
 
 
 @pytest.mark.parametrize("case", ["A", "fused_A"])

@@ -311,6 +311,17 @@ def rollout_floor_gib(knobs: Mapping[str, Any], shape: ModelShape, coef: Coeffic
     return (weights + coef.rollout_activation * tokens * per_token) / GIB
 
 
+def kv_cache_tokens(knobs: Mapping[str, Any], shape: ModelShape, mem_total_gib: float,
+                    coef: Coefficients = COEFFICIENTS) -> float:
+    """Tokens the rollout engine's KV cache holds per GPU: its memory share less what it needs whatever the share
+    (rollout_floor_gib), over one token's keys and values (bf16, every layer, its tensor-parallel slice). On the
+    H200 at 0.4 for the 0.5B shape this gives 4.8 M tokens where vLLM 0.24 logged "GPU KV cache size: 4,689,264
+    tokens" (bench/results/h200_2026-12-02/campaign_logs.tar.gz, segment-1.log: it also holds back its CUDA graphs)."""
+    kv_gib = float(knobs["rollout_gpu_memory"]) * mem_total_gib - rollout_floor_gib(knobs, shape, coef)
+    bytes_per_token = 2 * 2 * shape.num_hidden_layers * shape.kv_width / int(knobs.get("rollout_tp") or 1)
+    return max(0.0, kv_gib * GIB / bytes_per_token)
+
+
 def predict_memory(knobs: Mapping[str, Any], shape: ModelShape, mem_total_gib: float, *,
                    coefficients: Coefficients = COEFFICIENTS, roles: Roles = Roles(),
                    sequences: Sequences = Sequences(), critic_shape: ModelShape | None = None) -> MemoryPrediction:

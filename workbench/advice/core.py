@@ -118,6 +118,12 @@ THRESHOLDS: dict[str, Threshold] = {
               "alone (once training is fast, generation and the critic remain at a quarter of the step each, below "
               "their share thresholds): below a tenth, two measured steps can't tell the gain from generation's "
               "move between segments (19 % of generation on the H200, a quarter of a fast step)."),
+    "kv_cache_margin": Threshold(
+        2.0, "The rollout engine's KV cache (workbench.memory.kv_cache_tokens) over what a step's sequences need at "
+             "their longest, below which more rollout memory is proposed: the estimate came within 3 % of the size "
+             "vLLM logged on the H200 (4.69 M tokens at 0.4, 0.5B shape), and twice leaves room for what it does "
+             "not model at other sizes (CUDA graphs, non-torch memory). Above it vLLM already holds every sequence "
+             "at once (the 0.5B workload of issue 16: 128 × 1 024 tokens, 3 % of its cache)."),
     "rollout_gpu_memory_max": Threshold(
         0.90, "Highest rollout_gpu_memory proposed: vLLM's share of memory, leaving 10 % for the CUDA context "
               "and fragmentation (the knob allows 0.95)."),

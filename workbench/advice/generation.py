@@ -4,9 +4,12 @@ alternating steps, idle GPUs, verl's replay-buffer poll, weight sync."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..control import REPLAY_POLL_S
+from ..memory import kv_cache_tokens
 from .core import (Finding, Measurements, finding, gain_evidence, limit, no_knob, predicted_gain, prediction_text,
                    training_is_fast)
 
@@ -26,12 +29,6 @@ def rollout_bound(m: Measurements) -> Finding | None:
         effects.append("generation overlaps training on the same GPUs (1 × H200, 2026-11-30: 8.1 s a step with "
                        "colocate_async against 11.6–15.5 s sync on the same workload; after the fused lever, with "
                        f"rollout memory 0.65 and batched tokens 16 384, {ASYNC_EVIDENCE})")
-    memory = float(m.knobs["rollout_gpu_memory"])
-    raised = _rollout_memory_room(m, change)
-    if raised > memory:
-        change["rollout_gpu_memory"] = raised
-        effects.append(f"a KV cache {raised / memory:.1f}× larger keeps more sequences decoding at once (sized by "
-                       "the memory model on this session's peaks)")
     if m.knobs["rollout_enforce_eager"]:
         change["rollout_enforce_eager"] = False
         effects.append("vLLM captures CUDA graphs, so each decode step is one graph launch instead of hundreds of "
@@ -46,6 +43,15 @@ def rollout_bound(m: Measurements) -> Finding | None:
     if batched is not None and batched < batch_prompt_tokens:
         change["rollout_max_batched_tokens"] = min(batch_prompt_tokens, 2 * int(batched))
         effects.append("the batch's prompts prefill in fewer engine passes")
+    memory = float(m.knobs["rollout_gpu_memory"])
+    kv = _kv_cache(m, change)
+    raised = _rollout_memory_room(m, change, kv)
+    if raised > memory:
+        change["rollout_gpu_memory"] = raised
+        effects.append(f"a KV cache {raised / memory:.1f}× larger holds a step's {kv.sequences} sequences at their "
+                       f"longest ({kv.needed:,} tokens, {kv.tokens / 1e6:.1f} M held now), so none waits for room "
+                       "(sized by the memory model on this session's peaks)")
+    kept = _kept_memory_note(memory, raised, kv)
     dominant = share >= limit("rollout_share")
     gain = predicted_gain(m, change)
     if not dominant and gain is None:
@@ -57,31 +63,65 @@ def rollout_bound(m: Measurements) -> Finding | None:
     return finding(
         m, rule="rollout-bound", title=title, severity="medium",
         evidence={"gen_share": share, "gen_s": m.seconds("gen").tolist(), "step_s": m.seconds("step").tolist(),
-                  "peak_memory_share": m.peak_memory_share, **gain_evidence(gain)},
+                  "peak_memory_share": m.peak_memory_share, **gain_evidence(gain),
+                  **({"kv_cache_tokens": kv.tokens, "kv_tokens_needed": kv.needed} if kv else {})},
         text=f"Generation took {share:.0%} of step time ({m.seconds_text('gen')} of {m.seconds_text('step')} "
              f"steps){why}",
         change=change,
-        expected=("Shorter steps: " + "; ".join(effects) + "." + prediction_text(m.predicted(change)))
-        if effects else no_knob(
-            "the trainer already overlaps generation and the rollout engine has no memory left to grow into."),
+        expected=("Shorter steps: " + "; ".join(effects) + "." + kept + prediction_text(m.predicted(change)))
+        if effects else no_knob("the trainer already overlaps generation." + (
+            kept or " The rollout engine has no memory left to grow into.")),
     )
 
 
-def _rollout_memory_room(m: Measurements, change: dict) -> float:
-    """The largest rollout memory share (steps of 0.05, at most rollout_gpu_memory_max) whose predicted peak, band
-    included, stays under memory_target_peak of the GPU; from the NVML peak where nothing is predicted."""
+@dataclass(frozen=True)
+class KVCache:
+    tokens: float  # what the rollout engine's KV cache holds per GPU (workbench.memory.kv_cache_tokens)
+    needed: int  # a step's sequences at their longest (all on one engine: an upper bound)
+    sequences: int
+
+
+def _kv_cache(m: Measurements, change: dict) -> KVCache | None:
+    """The KV cache as the plan with `change` sizes it, against what a step's sequences can fill (None where the
+    memory model can't say: no GPU memory sampled)."""
+    p = m.predicted(change)
+    if p is None or p.memory is None or not p.mem_total_gb > 0:
+        return None
+    sequences = int(m.knobs["train_batch_size"])
+    return KVCache(kv_cache_tokens({**m.knobs, **change}, p.memory.shape, p.mem_total_gb, p.memory.coefficients),
+                   sequences * m.longest_sequence, sequences)
+
+
+def _kept_memory_note(memory: float, raised: float, kv: KVCache | None) -> str:
+    """Why the rollout memory share is not raised, where the KV cache was sized ("" where it is raised)."""
+    if raised > memory or kv is None:
+        return ""
+    held = f"its KV cache holds {kv.tokens / 1e6:.1f} M tokens, {kv.tokens / kv.needed:.1f}× the {kv.needed:,} a " \
+           f"step's {kv.sequences} sequences reach at their longest"
+    if kv.tokens >= limit("kv_cache_margin") * kv.needed:
+        return f" The rollout memory stays at {memory:g}: {held}, so a larger one keeps no more of them decoding."
+    return f" The rollout memory stays at {memory:g} although {held}: no larger share fits under the memory target."
+
+
+def _rollout_memory_room(m: Measurements, change: dict, kv: KVCache | None) -> float:
+    """Where the KV cache may be too small for a step's sequences (it holds less than kv_cache_margin × what they
+    need): the smallest rollout memory share (steps of 0.05, at most rollout_gpu_memory_max) whose cache holds that
+    much, or the largest whose predicted peak, band included, stays under memory_target_peak of the GPU if none
+    does. Otherwise, or where the memory model can't size the cache, the share in force: a larger KV cache than the
+    sequences can fill keeps no more of them decoding."""
     memory = float(m.knobs["rollout_gpu_memory"])
-    if m.predicted({}) is None or m.predicted({}).memory is None or not m.predicted({}).mem_total_gb > 0:
-        if not m.peak_memory_share < limit("memory_target_peak"):
-            return memory
-        room = limit("memory_target_peak") - m.peak_memory_share
-        return round(float(min(limit("rollout_gpu_memory_max"), np.floor((memory + room) * 20) / 20)), 2)
+    margin = limit("kv_cache_margin")
+    if kv is None or kv.tokens >= margin * kv.needed:
+        return memory
     best = memory
     for share in np.arange(memory + 0.05, limit("rollout_gpu_memory_max") + 1e-9, 0.05):
         p = m.predicted({**change, "rollout_gpu_memory": round(float(share), 2)})
         if p.memory.upper_gib >= limit("memory_target_peak") * p.mem_total_gb:
             break
         best = round(float(share), 2)
+        if kv_cache_tokens({**m.knobs, **change, "rollout_gpu_memory": best}, p.memory.shape, p.mem_total_gb,
+                           p.memory.coefficients) >= margin * kv.needed:
+            break
     return best
 
 
