@@ -193,6 +193,24 @@ def test_recorded_session_segments_predict_each_other():
     assert p.step_s == pytest.approx(float(target.steps["timing_s/step"].median()), rel=0.15)
 
 
+def test_an_alternating_colocate_async_segment_is_costed_by_its_mean():
+    """h200-proof segment 3 (H200, 2026-11-30, colocate_async): steps 15–17 took 8.73 / 12.60 / 7.93 s. Their
+    median (8.73 s, a short step) is no step time of this plan: it runs long and short steps in turn, and the
+    autopilot and the advisor judge it by their mean."""
+    store = Store(resolve_recording("h200-proof"), readonly=True)
+    steps, samples = store.frame("steps"), store.frame("samples")
+    knobs = Plan.from_json(store.segment(3)["plan_json"]).knob_values()
+    store.close()
+    assert knobs["trainer_mode"] == "colocate_async"
+    m = measurements(steps[steps["step"] <= 17], samples, knobs, segment_id=3)
+    cost = predict.segment_cost(m)
+    assert cost.steps == (15, 16, 17)
+    assert cost.step_s == pytest.approx(m.steps["timing_s/step"].mean()) == pytest.approx((8.73 + 12.60 + 7.93) / 3,
+                                                                                       abs=0.01)
+    assert cost.phase_s["gen"] == pytest.approx(m.steps["timing_s/gen"].mean())
+    assert sum(cost.phase_s.values()) + cost.other_s == pytest.approx(cost.step_s)
+
+
 def test_closest_cost_is_the_segment_with_fewest_differences(runs):
     costs = [runs.cost("fused_A"), runs.cost("fused_C")]
     assert predict.closest_cost(costs, runs.knobs("fused_D")) is costs[1]

@@ -252,20 +252,24 @@ class Prediction:
 
 
 # ------------------------------------------------------------------------------------------------ calibration
-def _median(steps: pd.DataFrame, column: str) -> float:
+def _median(steps: pd.DataFrame, column: str, mean: bool = False) -> float:
+    """A step column's median (its mean where `mean`), NaNs dropped; NaN where it has none."""
     if column not in steps:
         return float("nan")
     values = pd.to_numeric(steps[column], errors="coerce").dropna()
-    return float(values.median()) if len(values) else float("nan")
+    return float(values.mean() if mean else values.median()) if len(values) else float("nan")
 
 
 def segment_cost(m: Any) -> SegmentCost | None:
-    """The cost of the segment an advisor `Measurements` holds (steps after warm-up, in-step samples)."""
+    """The cost of the segment an advisor `Measurements` holds (steps after warm-up, in-step samples): each timing's
+    median, robust to a stray step; under colocate_async its mean, the plan running long and short steps in turn
+    (their median is one or the other, and the autopilot judges the plan by the mean)."""
     steps = m.steps
-    step_s = _median(steps, "timing_s/step")
+    alternating = m.knobs.get("trainer_mode") == "colocate_async"
+    step_s = _median(steps, "timing_s/step", alternating)
     if not step_s > 0:
         return None
-    phase_s = {p: v for p in PHASES if not math.isnan(v := _median(steps, f"timing_s/{p}"))}
+    phase_s = {p: v for p in PHASES if not math.isnan(v := _median(steps, f"timing_s/{p}", alternating))}
     durations = pd.to_numeric(steps["timing_s/step"], errors="coerce").dropna()
     reserved = [float(pd.to_numeric(steps[c], errors="coerce").max()) for c in
                 ("actor/perf/max_memory_reserved_gb", "critic/perf/max_memory_reserved_gb") if c in steps]
