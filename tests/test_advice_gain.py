@@ -117,3 +117,27 @@ def test_every_offered_change_carries_its_predicted_step_band_and_sources(record
         low, high = f.evidence["predicted_band_s"]
         assert low < f.evidence["predicted_step_s"] < high, f.rule
         assert isinstance(f.evidence["predicted_sources"], dict) and "Predicted" in f.expected, f.rule
+
+
+def test_after_the_fused_round_on_the_05b_workload_the_next_offers_are_colocate_async_then_budgets():
+    """h200-hot-lever segment 2 (H200, 2026-12-01): issue 16's 0.5B workload (128 prompts × ≤ 256 + 768 tokens)
+    with the autopilot's round 1 in force (fused kernels, dynamic batching 16 384 / 32 768, no gradient
+    checkpointing): 14.7 s a step, generation 45 % of it, NVML peak 51 % (generation's), the trainer's 56.4 GiB
+    (40 %). The autopilot's next offers, in order: colocate_async (restart-class; not the rollout memory, whose KV
+    cache holds 36× what a step needs), then the budgets grown into the trainer's headroom (hot)."""
+    from workbench.knobs import ALGORITHM_KNOBS, KNOBS
+
+    s = Session(resolve_recording("h200-hot-lever"), read_only=True)
+    offered = [f for f in s.advice_findings(2) if f.change]
+    rules = [f.rule for f in offered]
+    assert rules.index("rollout-bound") < rules.index("memory-headroom"), rules
+    rollout = offered[rules.index("rollout-bound")]
+    assert rollout.change["trainer_mode"] == "colocate_async" and "rollout_gpu_memory" not in rollout.change
+    budgets = offered[rules.index("memory-headroom")]
+    assert set(budgets.change) == {"actor_token_budget", "logprob_token_budget", "critic_token_budget"}
+    assert all(KNOBS[k].apply == "hot" for k in budgets.change)
+    for f in offered:
+        assert not set(f.change) & set(ALGORITHM_KNOBS), f.rule
+        s.plan.with_changes(f.change)  # a valid plan (raises PlanError otherwise)
+        low, high = f.evidence["predicted_band_s"]
+        assert f.evidence["predicted_step_s"] < 14.7 and high < 17, f.rule

@@ -74,8 +74,11 @@ THRESHOLDS: dict[str, Threshold] = {
         "Points of mean utilization between the busiest and the idlest GPU (the telemetry balance verdict's "
         "value): data-parallel ranks doing equal work sit within a few points of each other."),
     "memory_headroom_peak": Threshold(
-        0.50, "Peak GPU memory / total below which token budgets are raised: half the memory unused while the "
-              "budget decides how much work each micro batch gets."),
+        0.50, "The training phases' peak / GPU memory below which token budgets are raised: half the memory unused "
+              "while the budgets decide how much work each micro batch gets. The peak is the trainer's max reserved "
+              "memory (verl's perf/max_memory_reserved_gb), not NVML's: on the H200 generation set the GPU's peak "
+              "(vLLM's 0.4 share: 51–52 % with the fused plans of 2026-12-01, the trainer at 40–49 %), and no "
+              "budget touches it."),
     "memory_room_peak": Threshold(
         0.60, "Peak GPU memory / total below which one memory-for-speed trade (gradient checkpointing off, offload "
               "off) is proposed: on the H200 the quickstart → tuned change raised the peak from 53 % to 71 %, so "
@@ -238,6 +241,21 @@ class Measurements:
             return float("nan")
         shares = self.per_gpu["mem_used_share"].dropna()
         return float(shares.max()) if len(shares) else float("nan")
+
+    @functools.cached_property
+    def trainer_reserved_gib(self) -> float:
+        """The trainer's max reserved memory in the measured steps, its roles' largest (verl's
+        perf/max_memory_reserved_gb; NaN where verl logged none)."""
+        reserved = [self.metric(f"{role}/perf/max_memory_reserved_gb").max() for role in ("actor", "critic")]
+        return float(np.nanmax(reserved)) if not np.isnan(reserved).all() else float("nan")
+
+    @property
+    def trainer_peak_share(self) -> float:
+        """The trainer's max reserved memory over GPU memory; the NVML peak where either is unknown."""
+        total_gib = float(self.per_gpu["mem_total"].max()) * GIB_PER_MIB if not self.per_gpu.empty else float("nan")
+        if not total_gib > 0 or np.isnan(self.trainer_reserved_gib):
+            return self.peak_memory_share
+        return self.trainer_reserved_gib / total_gib
 
     @property
     def peak_memory_text(self) -> str:

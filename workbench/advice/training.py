@@ -185,7 +185,7 @@ def _fuller(m: Measurements, budget: str, tokens: int) -> bool:
 
 
 def memory_headroom(m: Measurements) -> Finding | None:
-    peak = m.peak_memory_share
+    peak = m.trainer_peak_share
     if not m.knobs["use_dynamic_bsz"] or not peak < limit("memory_headroom_peak"):
         return None
     current = {knob: m.budget(knob) for knob in BUDGET_KNOBS}
@@ -197,15 +197,24 @@ def memory_headroom(m: Measurements) -> Finding | None:
     prediction = m.predicted(change)
     return finding(
         m, rule="memory-headroom", title="GPU memory left unused: token budgets can grow", severity="low",
-        evidence={"peak_memory_share": peak, "budgets": current, "grown": change,
-                  "predicted_gpu_peak_gib": prediction.gpu_peak_gb if prediction else None},
-        text=f"{m.peak_memory_text} with dynamic batching on; the memory model (calibrated on this session's "
+        evidence={"peak_memory_share": m.peak_memory_share, "trainer_peak_share": peak, "budgets": current,
+                  "grown": change, "predicted_gpu_peak_gib": prediction.gpu_peak_gb if prediction else None},
+        text=f"{_trainer_peak_text(m)} with dynamic batching on; the memory model (calibrated on this session's "
              f"peaks) lets the budgets grow while the peak, band included, stays under "
              f"{limit('memory_target_peak'):.0%}",
         change=change,
         expected=(f"Fuller micro batches and fewer of them ({listed}): {BUDGET_EVIDENCE}."
                   + prediction_text(prediction)),
     )
+
+
+def _trainer_peak_text(m: Measurements) -> str:
+    """The training phases' peak in words (where the GPU's peak is generation's, both)."""
+    if m.trainer_peak_share == m.peak_memory_share:
+        return m.peak_memory_text
+    total = m.trainer_reserved_gib / m.trainer_peak_share
+    return (f"the trainer reserved at most {m.trainer_reserved_gib:.1f} of {total:.1f} GiB "
+            f"({m.trainer_peak_share:.0%}; NVML: {m.peak_memory_text}, the rollout engine's share included)")
 
 
 def oom_risk(m: Measurements) -> Finding | None:
