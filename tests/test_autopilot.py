@@ -322,3 +322,22 @@ def test_a_round_far_outside_its_band_still_ends_the_run():
     assert "slower than predicted" in result.ended_because and "model is off" in result.ended_because
     assert "17.0 s against at most 14.4 s + 0.5 s of step noise" in result.ended_because, result.ended_because
     assert result.after.step_s == pytest.approx(17.0)  # the kept change is in force
+
+
+def test_a_part_of_a_change_measured_slower_is_not_tried_next():
+    """After colocate_async with batched tokens ran slower and was rolled back (a restart each way on the GPU), the
+    gpu-idle finding's colocate_async alone is part of that change: not another restart on what was measured."""
+    both = {"trainer_mode": "colocate_async", "rollout_max_batched_tokens": 16384}
+    session = ScriptedSession([finding("rollout-bound", both), finding("gpu-idle", {"trainer_mode": "colocate_async"}),
+                               finding("memory-headroom", {"actor_token_budget": 65536})],
+                              script=[(20.0, 14.9, 15.1), (15.0, 14.5, 14.6), (14.0, 13.0, 13.2)],
+                              predicted=[(13.5, 15.5), (13.7, 15.3)], step_s=14.7)
+    in_force = {"fused_kernels": True, "trainer_mode": "sync", "rollout_max_batched_tokens": None,
+                "actor_token_budget": 16384}
+    session.plan = type("P", (), {"knob_values": staticmethod(lambda: dict(in_force))})()
+    result = Autopilot(session, max_rounds=3, budget_s=30).run()
+    assert list(result.story["rule"]) == ["rollout-bound", "memory-headroom"], result.story[["rule", "why"]]
+    assert list(result.story["outcome"]) == ["rolled back", "kept"]
+    assert "gpu-idle: part of round 1's change, measured slower" in result.ended_because, result.ended_because
+    assert session.applied == [both, {"trainer_mode": "sync", "rollout_max_batched_tokens": None},
+                               {"actor_token_budget": 65536}]

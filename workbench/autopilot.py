@@ -9,7 +9,8 @@ included, stays under the out-of-memory line, and no crash rules it out), hot or
 `steps_per_round` steps after the new segment's warm-up step. A change that made the step faster is kept; one that
 was slower is rolled back (its knobs put back, hot or restart-class as they came); one that crashed is rolled back
 with `session.rollback()` — the crash stays in the session's record, so the advisor never offers that plan again.
-The next round starts from the plan then in force, advised on its own measured segment.
+The next round starts from the plan then in force, advised on its own measured segment; a plan tried in this run
+is not tried again, nor a part of a change that was measured slower (a restart-class one costs a relaunch each way).
 
 It stops when no applicable finding is left, at the round or time budget, when `stop` is set (or the session
 stops), or when a change came out slower than predicted by more than its band and the measurement's own noise (the
@@ -127,6 +128,7 @@ class Autopilot:
         self.t0 = time.time()
         self.rows: list[dict[str, Any]] = []
         self.tried: list[dict[str, Any]] = []  # plans (knob values) tried, whatever came of it: never again
+        self.slower: dict[int, dict[str, Any]] = {}  # by round: changes measured not faster, rolled back
         self.crashes = 0
 
     # ----------------------------------------------------------------- waiting on the session
@@ -192,11 +194,20 @@ class Autopilot:
                 passed.append(f"{finding.rule}: changes the algorithm")
             elif target in self.tried:
                 passed.append(f"{finding.rule}: tried in this run")
+            elif (number := self._part_of_slower(finding.change)) is not None:
+                # On the GPU a restart-class change and its roll-back cost a relaunch each: a part of a change
+                # measured slower (colocate_async alone after colocate_async with batched tokens) is not re-run.
+                passed.append(f"{finding.rule}: part of round {number}'s change, measured slower")
             elif not (preview := self.session.preview(finding.change)).ok:
                 passed.append(f"{finding.rule}: {'; '.join(preview.problems.values()) or preview}")
             else:
                 return finding, "; ".join(passed)
         return None, "; ".join(passed)
+
+    def _part_of_slower(self, change: Mapping[str, Any]) -> int | None:
+        """The round whose slower change holds `change` (every knob at the same value), if any."""
+        return next((number for number, slower in self.slower.items()
+                     if all(k in slower and slower[k] == v for k, v in change.items())), None)
 
     def _apply(self, change: Mapping[str, Any]) -> tuple[bool, str, str | None]:
         """Apply and wait until it is in force: (in force, message, mode)."""
@@ -235,6 +246,7 @@ class Autopilot:
             kept = result
         else:
             back = {k: in_force[k] for k in finding.change}
+            self.slower[r.number] = dict(finding.change)
             applied, message, _ = self._apply(back)
             r.outcome = "rolled back" if applied else "not rolled back"
             r.why = f"{result.step_s:.1f} s a step, not faster than {baseline.step_s:.1f} s" + (
