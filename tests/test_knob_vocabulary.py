@@ -64,6 +64,8 @@ def test_a_knob_must_say_its_model_group_and_a_hot_knob_its_runner_path():
         Knob("x", ("a.b",), "int", "restart", "g", "help", **fields)
     with pytest.raises(ValueError, match="runner path"):
         Knob("x", ("a.b",), "int", "hot", "g", "help", model_group="batching", **fields)
+    with pytest.raises(ValueError, match="runner path"):  # a restart knob says what an in-place rebuild keeps
+        Knob("x", ("a.b",), "int", "restart", "g", "help", model_group="batching", **fields)
     with pytest.raises(ValueError, match="runner path"):
         Knob("x", ("a.b",), "int", "restart", "g", "help", model_group="batching",
              runner=call_budget("_update_actor"), **fields)

@@ -26,13 +26,14 @@ FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
 PLACEMENT_GROUP = "placement"
 PLAN_KEY = "plan"  # problems not tied to one knob
 HOT_WORDS = "hot: the runner applies it at the next step boundary, no restart"
-RESTART_WORDS = ("restart: checkpoint at the next step boundary → relaunch verl with the new plan → verl start-up "
-                 "(~3–4 min on an H200) → resume from the checkpoint")
+RESTART_WORDS = ("restart: checkpoint at the next step boundary → verl rebuilt in place with the new plan, keeping "
+                 "what the change leaves alone (~1–3 min on an H200), or relaunched where only new processes take it "
+                 "(~3–4 min) → resume from the checkpoint")
 # A restart's stages: the first three end with the event of that kind (newer than the Apply press), the last when the
 # handle says resumed.
 RESTART_STAGES = (
     ("checkpoint", "checkpoint at the step boundary"),
-    ("launched", "relaunch verl with the new plan"),
+    ("launched", "rebuild (or relaunch) verl with the new plan"),
     ("started", "verl start-up (Ray, models, rollout engine)"),
     ("resumed", "first resumed step"),
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import control as c
+from .knob import KEEP_WORDS
 from .store import Store
 
 PAUSE_POLL_S = 0.1
@@ -32,7 +33,10 @@ class StepBoundary:
 
     hot_apply(changes, plan_json, step) -> HotChange: put the changes in force (raise to refuse: nothing changes).
     checkpoint(step) -> str: save a checkpoint; returns words for the event.
-    end_run(): make the run end after this step. idle(seconds): wait while paused (a replay raises when killed).
+    end_run(): make the run end after this step.
+    rebuild(payload, segment_id) -> str: prepare an in-place rebuild of verl under the directive's plan, as the new
+    segment (after the checkpoint; the run's fit ends after this step and verl is rebuilt); None where the run can't
+    (a replay: the supervisor relaunches it instead). Returns words for the event. idle(seconds): wait while paused (a replay raises when killed).
     replay=True marks events as the replay's own ("replay: …", data replay=True).
     token: the session's operator token. Only directives the supervisor signed with it are executed (each once):
     anyone who can write the store (a viewer that should not, a copied row) can't steer the run.
@@ -41,7 +45,7 @@ class StepBoundary:
     def __init__(
         self, store: Store, segment_id: int, *, hot_apply: Callable[[dict, str, int], HotChange],
         checkpoint: Callable[[int], str], end_run: Callable[[], None], idle: Callable[[float], None] = time.sleep,
-        replay: bool = False, token: str,
+        replay: bool = False, token: str, rebuild: Callable[[dict, int], str] | None = None,
     ):
         self.store = store
         self._signatures = c.SignatureCheck(token)
@@ -50,6 +54,7 @@ class StepBoundary:
         self._hot_apply = hot_apply
         self._checkpoint = checkpoint
         self._end_run = end_run
+        self._rebuild = rebuild
         self._idle = idle
         self._replay = replay
 
@@ -93,6 +98,10 @@ class StepBoundary:
                 self._event(c.EV_RESUMED, f"resumed after step {step}", {"step": step})
             elif kind == c.RUNNER_HOT_APPLY:
                 self._apply(payload, step)
+            elif kind == c.RUNNER_REBUILD:
+                self._rebuild_in_place(payload, step)
+                self.paused, ending = False, True
+                self._end_run()
             elif kind in (c.RUNNER_CHECKPOINT_EXIT, c.RUNNER_STOP):
                 if kind == c.RUNNER_CHECKPOINT_EXIT or payload.get("checkpoint"):
                     words = self._checkpoint(step)
@@ -106,9 +115,28 @@ class StepBoundary:
         except Exception as e:
             self.store.finish_command(directive["id"], c.FAILED_COMMAND, repr(e))
             self._event(c.EV_ERROR, f"{kind} failed at step {step}: {e}", {"step": step})
-            if kind == c.RUNNER_HOT_APPLY and payload.get("command") is not None:
+            if kind in (c.RUNNER_HOT_APPLY, c.RUNNER_REBUILD) and payload.get("command") is not None:
                 self.store.finish_command(payload["command"], c.NOT_APPLIED, {"message": f"the run refused it: {e}"})
         return ending
+
+    def _rebuild_in_place(self, payload: dict[str, Any], step: int) -> None:
+        """Checkpoint, then the new plan as a new segment that verl, rebuilt in place, resumes from there. Nothing
+        changes when the checkpoint fails (the change is refused, the run goes on under its plan)."""
+        if self._rebuild is None:
+            raise ValueError("this run can't rebuild verl in place")
+        words = self._checkpoint(step)
+        self._event(c.EV_CHECKPOINT, f"checkpoint at step {step}{words}", {"step": step})
+        self.store.end_segment(self.segment_id, "done", "checkpointed for a restart-class change (rebuilt in place)")
+        self.segment_id = self.store.begin_segment(payload["plan_json"], reason="restart-class change",
+                                                   resumed_from_step=step)
+        note = self._rebuild(payload, self.segment_id)
+        for loss in payload.get("losses", []):
+            self._event(c.EV_NOT_RESUMED, loss, {"segment": self.segment_id})
+        self._event(
+            c.EV_LAUNCHED, f"segment {self.segment_id} rebuilt in place (restart-class change; keeps "
+            f"{KEEP_WORDS[payload['keeps']]}), resuming from the checkpoint at step {step}{note}",
+            {"segment": self.segment_id, "resume_step": step, "in_place": True, "keeps": payload["keeps"],
+             "command": payload.get("command")})
 
     def _apply(self, payload: dict[str, Any], step: int) -> None:
         changes: dict[str, Any] = payload["changes"]

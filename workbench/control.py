@@ -40,7 +40,8 @@ RUNNER_RESUME = "runner.resume"
 RUNNER_HOT_APPLY = "runner.hot_apply"
 RUNNER_CHECKPOINT_EXIT = "runner.checkpoint_exit"
 RUNNER_STOP = "runner.stop"
-RUNNER_DIRECTIVES = (RUNNER_PAUSE, RUNNER_RESUME, RUNNER_HOT_APPLY, RUNNER_CHECKPOINT_EXIT, RUNNER_STOP)
+RUNNER_REBUILD = "runner.rebuild"  # checkpoint, then rebuild verl in place under the new plan (runner/rebuild.py)
+RUNNER_DIRECTIVES = (RUNNER_PAUSE, RUNNER_RESUME, RUNNER_HOT_APPLY, RUNNER_CHECKPOINT_EXIT, RUNNER_STOP, RUNNER_REBUILD)
 
 # ------------------------------------------------------------------------------------------------ command states
 QUEUED = "queued"
@@ -63,10 +64,12 @@ EV_NOT_RESUMED, EV_NOT_APPLIED, EV_REFUSED, EV_ERROR, EV_CRASH = (
 EV_STOPPED, EV_FINISHED = STOPPED, FINISHED
 EV_ADVICE, EV_TELEMETRY, EV_PROMETHEUS, EV_REPLAY = "advice", "telemetry", "prometheus", "replay"
 EV_FAILED, EV_LOST = FAILED, LOST  # the supervisor could not go on (start-up, store); the supervisor is gone
+EV_REBUILD_FAILED = "rebuild_failed"  # an in-place rebuild failed before verl was ready: the supervisor relaunches
 # Events about a session's own control and life cycle (a replay writes its own, not the recording's).
 CONTROL_EVENT_KINDS = frozenset({
     EV_LAUNCHED, EV_STARTED, EV_PAUSED, EV_RESUMED, EV_APPLIED, EV_RESTART_PENDING, EV_CHECKPOINT, EV_EXITING,
     EV_NOT_RESUMED, EV_NOT_APPLIED, EV_REFUSED, EV_ERROR, EV_CRASH, EV_STOPPED, EV_FINISHED, EV_ADVICE,
+    EV_REBUILD_FAILED,
 })
 
 # ------------------------------------------------------------------------------------------------ files

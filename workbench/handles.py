@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from . import control as c
+from .knob import RELAUNCH, least_kept
+from .knobs import KNOBS
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .recordings import no_segment_words
 from .store import APPEND_TABLES, POLL_FIELDS
@@ -64,6 +66,7 @@ class JudgedChange:
     new: Plan
     diff: list[dict[str, Any]]  # {"knob", "before", "after", "apply"} per changed knob
     mode: str  # "hot" | "restart"
+    keeps: str = ""  # a restart's: what of the running verl it leaves alone (knob.REBUILD_KEEPS)
 
     @property
     def changes(self) -> dict[str, Any]:
@@ -83,7 +86,21 @@ def judge_change(current: Plan, changes: dict[str, Any], *, gpu_count: int | Non
     if not diff:
         raise PlanError([NO_CHANGE])
     mode = "restart" if any(entry["apply"] == "restart" for entry in entries) else "hot"
-    return JudgedChange(new, diff, mode)
+    return JudgedChange(new, diff, mode, restart_keeps(current, new, entries) if mode == "restart" else "")
+
+
+def restart_keeps(current: Plan, new: Plan, entries: list[dict[str, Any]]) -> str:
+    """What a restart-class change leaves of the running verl (knob.REBUILD_KEEPS): the least any of its knobs keeps.
+    A relaunch for a verl key no knob owns; from a trainer mode other than sync, whose rollout generates through the
+    step boundary (partial rollouts in flight: a relaunch's resume re-issues them, as verl designed); and to
+    separate_async (standalone rollout replicas on GPUs of their own). The in-place rebuild was proven from sync, on
+    one GPU's colocated replicas (bench/gpu/inplace_probe.py)."""
+    if any(entry["knob"] is None and entry["apply"] == "restart" for entry in entries):
+        return RELAUNCH
+    if current.knob_values()["trainer_mode"] != "sync" or new.knob_values()["trainer_mode"] == "separate_async":
+        return RELAUNCH
+    return least_kept(*(KNOBS[entry["knob"]].runner.keeps for entry in entries
+                        if entry["knob"] is not None and entry["apply"] == "restart"))
 
 
 def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, session_words: str | None,

@@ -45,7 +45,10 @@ MAX_TEXT = 256  # characters of one string value
 @dataclass(frozen=True)
 class RunnerPath:
     """How the live runner applies a knob. kind:
-    "restart": the supervisor checkpoints, relaunches verl with the new plan and resumes;
+    "restart": the run checkpoints at the step boundary and resumes under the new plan; `keeps` says what of the
+    running verl the change leaves alone, so an in-place rebuild keeps it (runner/rebuild.py, REBUILD_KEEPS: the
+    rollout, its servers, the run's processes) or, for RELAUNCH, that only new processes take it (their environment,
+    their GPUs): the supervisor relaunches verl;
     "call": the trainer puts the knob's live value into the batch's extra_info under `info` before each of `calls`
     (verl trainer methods, e.g. "_update_actor"): verl 0.9.1's engine workers take `use_dynamic_bsz`,
     `max_token_len_per_gpu` and `micro_batch_size_per_gpu` from the batch when it has them, from their engine config
@@ -58,10 +61,14 @@ class RunnerPath:
     calls: tuple[str, ...] = ()
     info: str = ""
     method: str = ""
+    keeps: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in PATH_KINDS:
             raise ValueError(f"runner path {self.kind!r} is not one of {PATH_KINDS}")
+        if (self.kind == "restart") != (self.keeps in REBUILD_KEEPS):
+            raise ValueError(f"runner path {self.kind!r}: what a restart keeps ({', '.join(REBUILD_KEEPS)}) goes with "
+                             "restart, and only with it")
         if (self.kind == "call") != bool(self.calls) or (self.kind == "call") != bool(self.info):
             raise ValueError(f"runner path {self.kind!r}: calls and an extra_info key go with call, and only with it")
         if (self.kind == "worker") != bool(self.method):
@@ -69,7 +76,15 @@ class RunnerPath:
 
 
 PATH_KINDS = ("restart", "call", "worker")
-RESTART = RunnerPath("restart")
+# What a restart-class change leaves of the running verl, most first: the rollout (vLLM servers, agent-loop and
+# reward workers); the servers and reward workers (the agent loops are rebuilt: their client follows the trainer
+# mode); the run's processes (Ray job, TaskRunner, TransferQueue: the rollout is rebuilt); nothing (a relaunch).
+KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_PROCESSES, RELAUNCH = "rollout", "servers", "processes", "relaunch"
+REBUILD_KEEPS = (KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_PROCESSES, RELAUNCH)
+KEEP_WORDS = {KEEPS_ROLLOUT: "the vLLM servers, agent-loop and reward workers",
+              KEEPS_SERVERS: "the vLLM servers and reward workers",
+              KEEPS_PROCESSES: "Ray, the TaskRunner and the TransferQueue; the rollout is rebuilt",
+              RELAUNCH: "nothing: verl is relaunched"}
 # The extra_info keys verl's engine workers read per call.
 TOKEN_BUDGET_INFO, MICRO_BATCH_INFO, DYNAMIC_BSZ_INFO = (
     "max_token_len_per_gpu", "micro_batch_size_per_gpu", "use_dynamic_bsz")
@@ -83,6 +98,16 @@ def call_budget(*calls: str) -> RunnerPath:
 def call_micro_batch(*calls: str) -> RunnerPath:
     """The runner path of a micro-batch size (sequences per GPU) verl reads per call."""
     return RunnerPath("call", calls=calls, info=MICRO_BATCH_INFO)
+
+
+def restart(keeps: str) -> RunnerPath:
+    """The runner path of a restart-class knob: checkpoint, then resume under the new plan keeping `keeps`."""
+    return RunnerPath("restart", keeps=keeps)
+
+
+def least_kept(*keeps: str) -> str:
+    """What a change of several restart-class knobs keeps: what each of them keeps, i.e. the least of them."""
+    return max(keeps, key=REBUILD_KEEPS.index, default=KEEPS_ROLLOUT)
 
 
 def worker_method(method: str) -> RunnerPath:
@@ -101,7 +126,7 @@ class Knob:
     changes_algorithm: the knob changes what is trained, not only how fast (e.g. skipping the old-policy
     log-prob recompute); advice and tuning never propose it unless asked to.
     roles: the roles it configures (ROLES); phases: verl step phases it moves (PHASES); runner: how the live runner
-    applies it (RESTART for restart-class knobs); model_group: its what-if effect (predict.MODEL_GROUPS) or
+    applies it (`restart(keeps)` for restart-class knobs); model_group: its what-if effect (predict.MODEL_GROUPS) or
     UNMODELLED, always said; micro_batch_unit: "tokens" for a per-GPU token budget of a phase's micro batches,
     "sequences" for a per-GPU micro-batch size.
     """
@@ -121,7 +146,7 @@ class Knob:
     changes_algorithm: bool = False
     roles: tuple[str, ...] = ()
     phases: tuple[str, ...] = ()
-    runner: RunnerPath = RESTART
+    runner: RunnerPath | None = None
     model_group: str = ""
     micro_batch_unit: str = ""
 
@@ -136,10 +161,12 @@ class Knob:
             raise ValueError(f"knob {self.name}: roles {self.roles!r} must be some of {ROLES}")
         if not self.phases or set(self.phases) - set(PHASES):
             raise ValueError(f"knob {self.name}: phases {self.phases!r} must be some of {PHASES}")
-        if (self.apply == "restart") != (self.runner.kind == "restart"):
-            raise ValueError(f"knob {self.name}: a {self.apply} knob cannot take the runner path {self.runner.kind!r}")
         if not self.model_group:
             raise ValueError(f"knob {self.name}: needs a model_group (or UNMODELLED, said out loud)")
+        if self.runner is None:
+            raise ValueError(f"knob {self.name}: needs a runner path (how the live runner applies it)")
+        if (self.apply == "restart") != (self.runner.kind == "restart"):
+            raise ValueError(f"knob {self.name}: a {self.apply} knob cannot take the runner path {self.runner.kind!r}")
         if self.micro_batch_unit not in ("", *MICRO_BATCH_UNITS):
             raise ValueError(f"knob {self.name}: micro_batch_unit {self.micro_batch_unit!r} not in {MICRO_BATCH_UNITS}")
 

@@ -8,7 +8,9 @@ workbench-level knob (`keys` empty: GPU placement), whose verl keys `plan.py` de
 
 Apply classes: "hot" knobs are applied by the runner between steps without a restart (batching settings verl 0.9.1
 reads per call; fused kernels and gradient checkpointing switched in the live workers); "restart" knobs need a
-checkpoint, a relaunch and a resume.
+checkpoint at the step boundary and a resume under the new plan: verl rebuilt in place, keeping what the change
+leaves alone (`runner.keeps`: the rollout, its servers, the run's processes), or relaunched where only new
+processes take it.
 
 Each knob also says, for the code that reasons about it: which roles it configures (`roles`), which of verl's step
 phases it moves (`phases`, as in `timing_s/<phase>`), how the live runner applies it (`runner`, a RunnerPath) and
@@ -22,8 +24,9 @@ import copy
 import functools
 from typing import Any
 
-from workbench.knob import (DYNAMIC_BSZ_INFO, MAX_GPUS, MAX_SEQUENCES, MAX_TOKENS, TOKEN_BUDGET_INFO, UNMODELLED,
-                            WHOLE_STEP, Knob, RunnerPath, call_budget, call_micro_batch, worker_method)
+from workbench.knob import (DYNAMIC_BSZ_INFO, KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_SERVERS, MAX_GPUS, MAX_SEQUENCES,
+                            MAX_TOKENS, RELAUNCH, TOKEN_BUDGET_INFO, UNMODELLED, WHOLE_STEP, Knob, RunnerPath,
+                            call_budget, call_micro_batch, restart, worker_method)
 
 _ROLLOUT = "actor_rollout_ref.rollout"
 _PLACEMENT_KEYS = ("trainer.n_gpus_per_node",)
@@ -33,22 +36,22 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob("gpus", (), "gpus", "restart", "placement",
          "Physical GPU indices for this session (CUDA_VISIBLE_DEVICES); actor+rollout+ref get what the pools leave.",
          workbench_default=[0], derived_keys=_PLACEMENT_KEYS,
-         roles=("placement",), phases=WHOLE_STEP, model_group=UNMODELLED),
+         roles=("placement",), phases=WHOLE_STEP, model_group=UNMODELLED, runner=restart(RELAUNCH)),
     Knob("critic_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the critic alone (0 = shares the actor's GPUs); launched by workbench.launch.",
          bounds=(0, MAX_GPUS), workbench_default=0, derived_keys=_PLACEMENT_KEYS,
-         roles=("critic",), phases=("values", "update_critic"), model_group=UNMODELLED),
+         roles=("critic",), phases=("values", "update_critic"), model_group=UNMODELLED, runner=restart(RELAUNCH)),
     Knob("reward_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for the reward model's own pool (0 = colocated); needs reward.reward_model.enable.",
          bounds=(0, MAX_GPUS), workbench_default=0,
          derived_keys=_PLACEMENT_KEYS + ("reward.reward_model.enable_resource_pool",
                                          "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes"),
-         roles=("reward",), phases=("reward",), model_group=UNMODELLED),
+         roles=("reward",), phases=("reward",), model_group=UNMODELLED, runner=restart(RELAUNCH)),
     Knob("rollout_gpus", (), "int", "restart", "placement",
          "GPUs of `gpus` for standalone rollout servers; trainer_mode=separate_async needs at least one.",
          bounds=(0, MAX_GPUS), workbench_default=0,
          derived_keys=_PLACEMENT_KEYS + (f"{_ROLLOUT}.nnodes", f"{_ROLLOUT}.n_gpus_per_node"),
-         roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED),
+         roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED, runner=restart(RELAUNCH)),
     # --- token budgets --------------------------------------------------------------------------------------------
     Knob("use_dynamic_bsz", ("actor_rollout_ref.actor.use_dynamic_bsz", f"{_ROLLOUT}.log_prob_use_dynamic_bsz",
                              "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"),
@@ -85,63 +88,63 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     # --- LoRA critic ----------------------------------------------------------------------------------------------
     Knob("critic_lora_rank", ("critic.model.lora_rank",), "int", "restart", "LoRA critic",
          "LoRA rank of the critic (0 = full fine-tuning); runs through workbench.launch.", bounds=(0, 4096),
-         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
+         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora", runner=restart(KEEPS_ROLLOUT)),
     Knob("critic_lora_alpha", ("critic.model.lora_alpha",), "int", "restart", "LoRA critic",
          "LoRA scaling factor alpha of the critic.", bounds=(1, 1 << 16),
-         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
+         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora", runner=restart(KEEPS_ROLLOUT)),
     Knob("critic_lora_targets", ("critic.model.target_modules",), "str", "restart", "LoRA critic",
          "Critic modules that get LoRA adapters: all-linear or a list of module names.",
-         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora"),
+         roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora", runner=restart(KEEPS_ROLLOUT)),
     # --- async ----------------------------------------------------------------------------------------------------
     Knob("trainer_mode", ("trainer.v1.trainer_mode",), "choice", "restart", "async",
          "V1 trainer: sync, colocate_async (overlap on shared GPUs) or separate_async (own rollout GPUs).",
          choices=("sync", "colocate_async", "separate_async"),
-         roles=("trainer",), phases=WHOLE_STEP, model_group="trainer_mode"),
+         roles=("trainer",), phases=WHOLE_STEP, model_group="trainer_mode", runner=restart(KEEPS_SERVERS)),
     Knob("hybrid_switch", ("trainer.v1.separate_async.hybrid_rollout.enable_switch",), "bool", "restart", "async",
          "separate_async: lend idle trainer GPUs to rollout.",
-         roles=("trainer",), phases=WHOLE_STEP, model_group=UNMODELLED),
+         roles=("trainer",), phases=WHOLE_STEP, model_group=UNMODELLED, runner=restart(RELAUNCH)),
     # --- rollout --------------------------------------------------------------------------------------------------
     Knob("rollout_gpu_memory", (f"{_ROLLOUT}.gpu_memory_utilization",), "float", "restart", "rollout",
          "Share of each GPU's memory the rollout engine may take.", bounds=(0.0, 0.95), lower_bound_open=True,
-         roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_PROCESSES)),
     Knob("rollout_tp", (f"{_ROLLOUT}.tensor_model_parallel_size",), "int", "restart", "rollout",
          "Tensor-parallel GPUs per rollout replica.", bounds=(1, MAX_GPUS),
-         roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED),
+         roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED, runner=restart(KEEPS_PROCESSES)),
     Knob("rollout_max_batched_tokens", (f"{_ROLLOUT}.max_num_batched_tokens",), "int", "restart", "rollout",
          "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, MAX_TOKENS),
-         roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_PROCESSES)),
     Knob("rollout_enforce_eager", (f"{_ROLLOUT}.enforce_eager",), "bool", "restart", "rollout",
          "Run vLLM without CUDA graphs: a shorter start-up, slower decoding (false = capture CUDA graphs).",
-         roles=("rollout",), phases=("gen",), model_group="rollout_enforce_eager"),
+         roles=("rollout",), phases=("gen",), model_group="rollout_enforce_eager", runner=restart(KEEPS_PROCESSES)),
     Knob("rollout_max_num_seqs", (f"{_ROLLOUT}.max_num_seqs",), "int", "restart", "rollout",
          "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, MAX_SEQUENCES),
-         roles=("rollout",), phases=("gen",), model_group="waves"),
+         roles=("rollout",), phases=("gen",), model_group="waves", runner=restart(KEEPS_PROCESSES)),
     Knob("agent_workers", (f"{_ROLLOUT}.agent.num_workers",), "int", "restart", "rollout",
          "Agent-loop workers that send prompts to the rollout servers (H200: 2 -> 8 changed nothing).",
          bounds=(1, 1024),
-         roles=("rollout",), phases=("gen",), model_group="rollout_engine"),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_SERVERS)),
     # --- algorithm: knobs that change what is trained (never proposed unless asked for) --------------------------
     Knob("rollout_logprob_bypass", ("algorithm.rollout_correction.bypass_mode",), "bool", "restart", "algorithm",
          "CHANGES THE ALGORITHM: use vLLM's rollout log-probs as old log-probs, skipping the old_log_prob pass.",
          changes_algorithm=True,
-         roles=("actor",), phases=("old_log_prob",), model_group="rollout_logprob_bypass"),
+         roles=("actor",), phases=("old_log_prob",), model_group="rollout_logprob_bypass", runner=restart(KEEPS_SERVERS)),
     # --- memory ---------------------------------------------------------------------------------------------------
     Knob("actor_param_offload", ("actor_rollout_ref.actor.fsdp_config.param_offload",), "bool", "restart",
          "memory", "Keep actor parameters on the CPU between uses.",
-         roles=("actor",), phases=("old_log_prob", "update_actor", "update_weights"), model_group="offload"),
+         roles=("actor",), phases=("old_log_prob", "update_actor", "update_weights"), model_group="offload", runner=restart(KEEPS_ROLLOUT)),
     Knob("actor_optimizer_offload", ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",), "bool", "restart",
          "memory", "Keep actor optimizer state on the CPU between updates.",
-         roles=("actor",), phases=("update_actor",), model_group="offload"),
+         roles=("actor",), phases=("update_actor",), model_group="offload", runner=restart(KEEPS_ROLLOUT)),
     Knob("ref_param_offload", ("actor_rollout_ref.ref.fsdp_config.param_offload",), "bool", "restart", "memory",
          "Keep reference-policy parameters on the CPU between uses.",
-         roles=("ref",), phases=("ref",), model_group="offload"),
+         roles=("ref",), phases=("ref",), model_group="offload", runner=restart(KEEPS_ROLLOUT)),
     # The critic's FSDP engine config is critic.fsdp (FSDPCriticConfig.fsdp), not critic.model.fsdp_config.
     Knob("critic_param_offload", ("critic.fsdp.param_offload",), "bool", "restart", "memory",
          "Keep critic parameters on the CPU between uses.",
-         roles=("critic",), phases=("values", "update_critic"), model_group="offload"),
+         roles=("critic",), phases=("values", "update_critic"), model_group="offload", runner=restart(KEEPS_ROLLOUT)),
     Knob("critic_optimizer_offload", ("critic.fsdp.optimizer_offload",), "bool", "restart", "memory",
          "Keep critic optimizer state on the CPU between updates.",
-         roles=("critic",), phases=("update_critic",), model_group="offload"),
+         roles=("critic",), phases=("update_critic",), model_group="offload", runner=restart(KEEPS_ROLLOUT)),
     Knob("gradient_checkpointing", ("actor_rollout_ref.model.enable_gradient_checkpointing",
                                     "critic.model.enable_gradient_checkpointing"), "bool", "hot", "memory",
          "Recompute activations in the backward pass (actor and critic): less memory, more compute.",
@@ -166,14 +169,14 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "bool", "restart", "kernels",
          "Pack sequences without padding (actor, ref, critic); needs flash-attn installed in the verl workers.",
          roles=("actor", "ref", "critic"),
-         phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"), model_group=UNMODELLED),
+         phases=("old_log_prob", "ref", "values", "update_critic", "update_actor"), model_group=UNMODELLED, runner=restart(KEEPS_ROLLOUT)),
     # --- batch ----------------------------------------------------------------------------------------------------
     Knob("train_batch_size", ("data.train_batch_size",), "int", "restart", "batch",
          "Prompts per training step.", bounds=(1, MAX_SEQUENCES),
-         roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
+         roles=("data",), phases=WHOLE_STEP, model_group="tokens", runner=restart(KEEPS_SERVERS)),
     Knob("ppo_mini_batch_size", ("actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"),
          "int", "restart", "batch", "Prompts per optimizer step (actor and critic).", bounds=(1, MAX_SEQUENCES),
-         roles=("actor", "critic"), phases=("update_actor", "update_critic"), model_group="batching"),
+         roles=("actor", "critic"), phases=("update_actor", "update_critic"), model_group="batching", runner=restart(KEEPS_ROLLOUT)),
     Knob("actor_micro_batch", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",), "int", "hot",
          "batch", "Sequences per GPU per actor-update micro batch (without use_dynamic_bsz).",
          bounds=(1, MAX_SEQUENCES), nullable=True,
@@ -200,14 +203,14 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          micro_batch_unit="sequences"),
     Knob("max_prompt_length", ("data.max_prompt_length",), "int", "restart", "batch",
          "Longest prompt in tokens.", bounds=(1, MAX_TOKENS),
-         roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
+         roles=("data",), phases=WHOLE_STEP, model_group="tokens", runner=restart(KEEPS_PROCESSES)),
     Knob("max_response_length", ("data.max_response_length",), "int", "restart", "batch",
          "Longest generated response in tokens.", bounds=(1, MAX_TOKENS),
-         roles=("data",), phases=WHOLE_STEP, model_group="tokens"),
+         roles=("data",), phases=WHOLE_STEP, model_group="tokens", runner=restart(KEEPS_PROCESSES)),
     # --- environment ----------------------------------------------------------------------------------------------
     Knob("nccl_env", ("ray_kwargs.ray_init.runtime_env.env_vars",), "env", "restart", "environment",
          "NCCL_*/TORCH_NCCL_* variables for every Ray worker (e.g. NCCL_P2P_DISABLE=1).",
-         roles=("environment",), phases=WHOLE_STEP, model_group=UNMODELLED),
+         roles=("environment",), phases=WHOLE_STEP, model_group=UNMODELLED, runner=restart(RELAUNCH)),
 )}
 
 WORKBENCH_KNOBS: tuple[str, ...] = tuple(name for name, knob in KNOBS.items() if knob.workbench_only)

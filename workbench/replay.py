@@ -161,9 +161,10 @@ class Recording:
 
 class ReplayRun:
     """One run: a thread that plays recorded segments into the session's store (see the module docstring). It has
-    the supervisor's Run interface (poll, kill, cannot_apply, log_path, end_words)."""
+    the supervisor's Run interface (poll, kill, cannot_apply, log_path, end_words, rebuilds_in_place)."""
 
     end_words = REPLAY_ENDED
+    rebuilds_in_place = False  # a restart-class change plays the recorded relaunch
 
     def __init__(
         self, store: Store, recording: Recording, session_dir: Path, segment_id: int, plan: Plan,

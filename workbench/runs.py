@@ -57,6 +57,9 @@ class Run:
     log_path: Path
     # Why changes are no longer taken once this run has ended well (a replay's says to play it again).
     end_words = "the run ended"
+    # Whether it rebuilds verl in place for a restart-class change that allows it (runner/rebuild.py), or is
+    # relaunched for every one (a replay plays the recorded relaunch).
+    rebuilds_in_place = False
 
     def poll(self) -> int | None:  # exit code once finished
         raise NotImplementedError
@@ -90,6 +93,8 @@ def checkpoint_bytes(plan: Plan) -> int | None:
 class LiveRun(Run):
     """`python -m workbench.runner.launch` in its own process group, with the GPUs of the plan."""
 
+    rebuilds_in_place = True
+
     def __init__(self, session_dir: Path, segment_id: int, plan: Plan, env: dict[str, str],
                  ray: SessionRayCluster | None = None):
         self.log_path = session_dir / c.LOG_DIR / f"segment-{segment_id}.log"
@@ -111,6 +116,15 @@ class LiveRun(Run):
         self.proc.wait()
         if self.ray is not None:
             self.ray.end_run_processes()  # its Ray workers are the cluster's children, not this run's
+
+
+IN_PLACE_ENV = "WORKBENCH_IN_PLACE"
+
+
+def in_place_allowed() -> bool:
+    """Restart-class changes rebuild verl in place where they allow it, unless WORKBENCH_IN_PLACE=0 (every one is
+    then relaunched: to compare, or should a verl release break the rebuild)."""
+    return os.environ.get(IN_PLACE_ENV, "1") != "0"
 
 
 def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint_step: int | None) -> tuple[dict[str, str], list[str]]:

@@ -4,7 +4,9 @@
 - takes user commands (apply, pause, resume, stop, rollback) from the store, validates them, and turns them into
   runner directives (`runner.*`, executed by the trainer at the next step boundary) or process actions;
 - runs each segment as its own process (a live verl run, or a replayed recording — see `Run`), relaunching with
-  `resume_mode=auto` for restart-class changes, and records crashes with the traceback tail;
+  `resume_mode=auto` for restart-class changes; a live run rebuilds verl in place instead where the change leaves its
+  processes' environment alone (the knob table's `runner.keeps`, runner/rebuild.py), and is relaunched when that
+  rebuild fails; records crashes with the traceback tail;
 - starts the NVML sampler beside a live run;
 - keeps `meta.state` current: starting, running, paused, restarting, stopping, stopped, finished, failed.
 Control belongs to the operator: each command carries a signature made with the session's operator token
@@ -34,11 +36,14 @@ from typing import Any
 from . import checkpoints
 from . import control as c
 from . import verl_config
+from omegaconf import OmegaConf
+
 from .handles import judge_change
+from .knob import KEEP_WORDS, RELAUNCH
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .procs import end_child
-from .runs import (OOM_SCAN_LINES, LiveRun, Run, checkpoint_bytes, log_tail, looks_like_oom, machine_meta,
-                   restart_environment, traceback_tail)
+from .runs import (OOM_SCAN_LINES, LiveRun, Run, checkpoint_bytes, in_place_allowed, log_tail, looks_like_oom,
+                   machine_meta, restart_environment, traceback_tail)
 from .ray_cluster import SessionRayCluster
 from .store import Store, StoreError
 
@@ -57,6 +62,7 @@ class Supervisor:
         self.segment_id: int | None = None
         self.pending_plan: Plan | None = None  # a restart-class change waiting for the runner's checkpoint
         self.pending_command: int | None = None  # the apply that asked for it
+        self.pending_in_place = False  # the runner rebuilds verl in place for it (else: it exits, and is relaunched)
         self.resuming: tuple[int, int, int] | None = None  # (apply command, its new segment, last event id before it)
         self.stopping_since: float | None = None
         self.ended: str | None = None  # why no run takes commands, once the run ended well (its end_words)
@@ -195,13 +201,23 @@ class Supervisor:
             self.store.finish_command(command_id, c.ACCEPTED, answer, final=False)
             return
         self.pending_plan, self.pending_command = new, command_id
-        self.directive(c.RUNNER_CHECKPOINT_EXIT, {})
+        self.pending_in_place = run.rebuilds_in_place and judged.keeps != RELAUNCH and in_place_allowed()
+        if self.pending_in_place:
+            env, losses = restart_environment(self.current_plan(), new, self.dir, checkpoint_step=None)
+            self.resuming = (command_id, None, self.store.max_id("events"))  # the runner numbers the new segment
+            self.directive(c.RUNNER_REBUILD, {"plan_json": new.to_json(), "config_yaml": OmegaConf.to_yaml(new.config),
+                                              "keeps": judged.keeps, "env": env, "losses": losses,
+                                              "command": command_id})
+            then = f"then rebuild verl in place (keeps {KEEP_WORDS[judged.keeps]})"
+        else:
+            self.directive(c.RUNNER_CHECKPOINT_EXIT, {})
+            then = "then relaunch"
         self.set_state(c.RESTARTING)
-        self.store.finish_command(command_id, c.RESTARTING, answer, final=False)
+        self.store.finish_command(command_id, c.RESTARTING, {**answer, "keeps": judged.keeps}, final=False)
         self.store.add_event(
             c.EV_RESTART_PENDING,
-            f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, then relaunch",
-            {"changes": changes, "command": command_id},
+            f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, {then}",
+            {"changes": changes, "command": command_id, "keeps": judged.keeps, "in_place": self.pending_in_place},
         )
 
     def _abandon_changes(self, reason: str) -> None:
@@ -212,6 +228,7 @@ class Supervisor:
         for directive in self.store.commands_in([c.QUEUED], kinds=c.RUNNER_DIRECTIVES):
             self.store.finish_command(directive["id"], c.DROPPED, reason)
         self.pending_plan = self.pending_command = None
+        self.pending_in_place = False
         self.resuming = None
 
     def _release_claimed(self, reason: str) -> None:
@@ -224,13 +241,22 @@ class Supervisor:
         if self.resuming is None:
             return
         command_id, segment_id, seen = self.resuming
+        command = self.store.command(command_id)
+        if command["state"] == c.NOT_APPLIED:  # the runner refused the rebuild (its checkpoint failed): nothing changed
+            self.pending_plan = self.pending_command = None
+            self.pending_in_place, self.resuming = False, None
+            self.set_state(c.RUNNING)
+            return
         for event in self.store.rows("events", since_id=seen):
-            if event["kind"] == c.EV_STARTED and event["data"].get("segment") == segment_id:
-                result = self.store.command(command_id)["result"]
-                answer = json.loads(result) if result else {}
-                step = event["data"].get("first_step")
-                self.store.finish_command(command_id, c.RESUMED, {**answer, "step": step, "segment": segment_id})
+            # A rebuild in place numbers its segment itself: the first start after the Apply is the change's.
+            if event["kind"] == c.EV_STARTED and event["data"].get("segment") == (segment_id or event["data"].get("segment")):
+                answer = json.loads(command["result"]) if command["result"] else {}
+                step, segment = event["data"].get("first_step"), event["data"].get("segment")
+                self.store.finish_command(command_id, c.RESUMED, {**answer, "step": step, "segment": segment})
                 self.resuming = None
+                if self.pending_in_place:
+                    self.pending_plan = self.pending_command = None
+                    self.pending_in_place = False
                 return
 
     def cmd_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -308,6 +334,8 @@ class Supervisor:
             return
         # The runner may have opened further segments (hot applies): the newest one is the one that ended.
         self.segment_id = self.store.last_segment()["id"]
+        if rc != 0 and self.pending_in_place and self._rebuild_failed():
+            return self._relaunch_after_failed_rebuild()
         if rc != 0:
             tail = traceback_tail(self.run.log_path)
             # An OOM inside a Ray worker surfaces as a wrapper error at the end: look further back than the tail.
@@ -331,16 +359,8 @@ class Supervisor:
         self.run.kill()
         ended, self.run = self.run.end_words, None
         if self.pending_plan is not None:
-            previous, new, command_id = self.current_plan(), self.pending_plan, self.pending_command
-            self.pending_plan = self.pending_command = None
             self.store.end_segment(self.segment_id, "done", "checkpointed for a restart-class change")
-            env, losses = restart_environment(previous, new, self.dir, c.latest_checkpoint_step(self.dir))
-            for loss in losses:
-                self.store.add_event(c.EV_NOT_RESUMED, loss)
-            seen = self.store.max_id("events")
-            self.launch(new, reason="restart-class change", env=env)
-            if command_id is not None:
-                self.resuming = (command_id, self.segment_id, seen)
+            self._relaunch_pending(self.current_plan())
             return
         self.store.end_segment(self.segment_id, "done", "run ended")
         self._stop_sampler()
@@ -350,6 +370,34 @@ class Supervisor:
         self.stopping_since = None
         self.set_state(state)
         self.store.add_event(state, "verl run ended" if state == c.FINISHED else "stopped by the operator")
+
+    def _relaunch_pending(self, previous: Plan) -> None:
+        """Relaunch verl under the pending restart-class change (from the plan `previous`), resuming from the
+        checkpoint the run wrote for it."""
+        new, command_id = self.pending_plan, self.pending_command
+        self.pending_plan = self.pending_command = None
+        self.pending_in_place = False
+        env, losses = restart_environment(previous, new, self.dir, c.latest_checkpoint_step(self.dir))
+        for loss in losses:
+            self.store.add_event(c.EV_NOT_RESUMED, loss)
+        seen = self.store.max_id("events")
+        self.launch(new, reason="restart-class change", env=env)
+        if command_id is not None:
+            self.resuming = (command_id, self.segment_id, seen)
+
+    def _rebuild_failed(self) -> bool:
+        seen = self.resuming[2] if self.resuming else 0
+        return any(e["kind"] == c.EV_REBUILD_FAILED for e in self.store.rows("events", since_id=seen))
+
+    def _relaunch_after_failed_rebuild(self) -> None:
+        """The run checkpointed for an in-place rebuild, which failed before verl was ready: the segment the runner
+        opened for it failed; the change is relaunched as any restart-class change is."""
+        self.run.kill()
+        self.run = None
+        failed = self.segment_id
+        self.store.end_segment(failed, "failed", "rebuilding verl in place failed: relaunched instead")
+        before = [seg for seg in self.store.rows("segments") if seg["id"] < failed][-1]
+        self._relaunch_pending(Plan.from_json(before["plan_json"]))
 
     def loop(self) -> int:
         self.store.set_meta(supervisor_pid=os.getpid())

@@ -89,6 +89,16 @@ WORKLOADS = {
 ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_budget": 32768,
                "ref_token_budget": 32768, "gradient_checkpointing": False}
 PARTS = ("all", "restart", "probe")
+# The restart-class changes `parts="restart"` applies in turn (label = what verl's in-place rebuild keeps, the change,
+# the seconds it needs; bench/results/h200_2026-12-02_probe/: 75 / 115 / 174 s boundary -> first step in plain verl):
+# PPO mini batches (the FSDP workers only), then the trainer mode (the agent loops too: the autopilot's next lever),
+# then the rollout engine's sequences: from colocate_async a relaunch (in place from sync, it rebuilds vLLM: 0.72 of a
+# cold start in the probe).
+IN_PLACE_CONTROLS = (
+    ("rollout", {"ppo_mini_batch_size": 64}, 150),
+    ("servers", {"trainer_mode": "colocate_async"}, 200),
+    ("relaunch", {"rollout_max_num_seqs": 192}, 300),
+)
 
 
 class Campaign:
@@ -382,25 +392,28 @@ class Campaign:
         )
 
     # ------------------------------------------------------------------ (b) the same plan restarted
-    def control_restart(self, wl: Workload) -> None:
+    def control_restart(self, wl: Workload, change: dict[str, Any] | None = None, label: str = "") -> None:
+        """A restart-class change, Apply -> resumed -> measured steps. Without `change`: a change no one-GPU step
+        reads (an NCCL variable), which only new processes take (a relaunch)."""
         s = self.session
-        current = dict(s.knob_values()["nccl_env"])
-        change = {"nccl_env": {**current, "NCCL_P2P_DISABLE": "1" if current.get("NCCL_P2P_DISABLE") != "1" else "0"}}
+        if change is None:
+            current = dict(s.knob_values()["nccl_env"])
+            change = {"nccl_env": {**current, "NCCL_P2P_DISABLE": "1" if current.get("NCCL_P2P_DISABLE") != "1" else "0"}}
         since = max((r["id"] for r in self.rows("commands")), default=0)
         handle = s.apply(change)
-        self.log(f"{wl.name} control restart: {handle!r}")
+        self.log(f"{wl.name} control restart {label}: {handle!r}")
         handle.wait(timeout=max(60.0, self.left()))
-        self.log(f"{wl.name} control restart ended: {handle!r}")
+        self.log(f"{wl.name} control restart {label} ended: {handle!r}")
         if handle.state != "resumed":
             raise RuntimeError(f"the control restart did not resume: {handle.state} {handle.message}")
         restart = self.rounds(since)[0]
         self.facts[wl.name].update(fresh_segment=restart["segment"], restart=restart)
         self.wait_segment_steps(restart["segment"], 1 + self.measured, f"{wl.name} fresh")
-        self.restart_result(wl, restart)
-        if "hot" in self.facts[wl.name]:
+        self.restart_result(wl, restart, label)
+        if "hot" in self.facts[wl.name] and not label:
             self.hot_lever_result(wl)
 
-    def restart_result(self, wl: Workload, restart: dict[str, Any]) -> None:
+    def restart_result(self, wl: Workload, restart: dict[str, Any], label: str = "") -> None:
         from workbench.startup import parse_startup, read_log, summary
 
         s = self.session
@@ -420,9 +433,12 @@ class Campaign:
         checkpoint = [e for e in events.to_dict("records") if e["kind"] == "checkpoint" and e["t"] >= restart["t"]]
         checkpoint_s = re.search(r"\(([0-9.]+) s", checkpoint[0]["text"]) if checkpoint else None
         launch_t = float(segs.loc[after, "started_at"])
-        boundary = [e for e in events.to_dict("records") if e["kind"] == "exiting" and e["t"] >= restart["t"]]
+        # the run's checkpoint-and-exit (a relaunch), or its rebuilt segment's launch (in place)
+        boundary = [e for e in events.to_dict("records") if e["kind"] in ("exiting", "launched") and e["t"] >= restart["t"]]
+        launched = [e for e in events.to_dict("records") if e["kind"] == "launched" and e["t"] >= restart["t"]]
         self.save(
-            f"restart_vs_cold_{wl.name}", value=round(value / cold, 3), unit="x cold start", goal="<= 0.6",
+            f"restart_vs_cold_{wl.name}" + (f"_{label}" if label else ""), value=round(value / cold, 3),
+            unit="x cold start", goal="<= 0.6",
             repetitions=[{"value": value / cold, "restart_s": value, "cold_s": cold}],
             details={"cold_start_s": cold, "apply_to_first_resumed_step_s": value,
                      "apply_to_step_boundary_s": (boundary[0]["t"] - restart["t"]) if boundary else None,
@@ -431,10 +447,13 @@ class Campaign:
                      "apply_to_relaunch_s": launch_t - restart["t"],
                      "relaunch_to_first_step_s": float(first[after]) - launch_t,
                      "changes": restart["changes"], "startup_phases": phases, "restart_env": restart_env_flags(),
+                     "in_place": bool(launched and launched[0]["data"].get("in_place")),
+                     "keeps": launched[0]["data"].get("keeps") if launched else None,
+                     "launched_text": launched[0]["text"] if launched else None,
                      "compile_cache_mb": sum(f.stat().st_size for f in (s.dir / "cache").rglob("*") if f.is_file())
                      / 2**20 if (s.dir / "cache").exists() else None},
-            notes="restart: Apply -> the first resumed step's row (waiting for the step boundary, checkpoint, exit, "
-                  "relaunch, the first step); cold: Session.start -> the first step's row.",
+            notes="restart: Apply -> the first resumed step's row (waiting for the step boundary, checkpoint, then "
+                  "verl rebuilt in place or relaunched, the first step); cold: Session.start -> the first step's row.",
         )
 
     # ------------------------------------------------------------------ (b2) the sampler's cost, alternating
@@ -579,13 +598,19 @@ class Campaign:
         self.log("DONE")
 
     def restart_only(self) -> None:
-        """Only (b) on 0.5b, from the autopilot's round-1 plan: cold start -> step 1 -> the control restart -> the first
-        resumed step (`restart_vs_cold_0.5b.json`, each phase of both launches)."""
+        """Only (b) on 0.5b, from the autopilot's round-1 plan: cold start -> step 1 -> restart-class changes verl
+        takes in place, each keeping less of the run (IN_PLACE_CONTROLS), while the budget lasts -> each one's first
+        resumed step against the cold start (`restart_vs_cold_0.5b_<keeps>.json`)."""
         base = WORKLOADS["0.5b"]
         wl = Workload(base.name, base.shape, {**base.knobs, **ROUND1_0_5B}, base.n_train, base.replay)
-        self.steps_before, self.measured = 1, 0
+        self.steps_before, self.measured = 1, 1
         if self.part("r1 start 0.5b on the autopilot's round-1 plan", self.start, wl):
-            self.part("r2 control restart: restart vs cold", self.control_restart, wl)
+            for label, change, needs in IN_PLACE_CONTROLS:
+                if self.left() < needs:
+                    self.log(f"r2 {label} skipped: {self.left():.0f} s left, it needs {needs}")
+                    continue
+                if not self.part(f"r2 restart keeping {label}: {change}", self.control_restart, wl, change, label):
+                    break
         self.part("stop 0.5b", self.stop_session)
         self.part("pack recordings", self.pack_recordings)
         self.part("pack logs", self.pack_logs)

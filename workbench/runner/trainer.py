@@ -107,7 +107,7 @@ class WorkbenchTrainerMixin:
         self._wb_step_offset = int(os.environ.get(c.STEP_OFFSET_ENV, "0") or 0)
         self._wb_boundary = StepBoundary(
             self._wb_store, int(os.environ[c.SEGMENT_ENV]), hot_apply=self._wb_hot_apply,
-            checkpoint=self._wb_checkpoint, end_run=self._wb_end_run,
+            checkpoint=self._wb_checkpoint, end_run=self._wb_end_run, rebuild=self._wb_rebuild,
             token=(Path(os.environ[c.SESSION_ENV]) / c.TOKEN_FILE).read_text().strip(),
         )
         self._wb_record_workers()
@@ -315,6 +315,19 @@ class WorkbenchTrainerMixin:
 
     def _wb_end_run(self) -> None:
         self.total_training_steps = self.global_steps  # verl's loop ends after this step
+
+    def _wb_rebuild(self, payload: dict[str, Any], segment_id: int) -> str:
+        """A restart-class change verl takes in place, at the boundary after its checkpoint: the new segment's config
+        for the TaskRunner, which rebuilds verl once this fit has ended (task_runner.py, rebuild.py); returns words
+        for the event."""
+        session_dir = Path(os.environ[c.SESSION_ENV])
+        path = c.segment_config_path(session_dir, segment_id)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(payload["config_yaml"])
+        self.wb_rebuild_request = {"segment": segment_id, "keeps": payload["keeps"], "env": payload["env"],
+                                   "config_path": str(path)}
+        pruned = checkpoints.words(checkpoints.prune(session_dir))  # rollback and resume need the newest only
+        return f"; {pruned}" if pruned else ""
 
 
 def _attempt(fn):

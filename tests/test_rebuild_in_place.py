@@ -1,0 +1,292 @@
+"""Restart-class changes rebuilt in place (issue 17): what each knob's change keeps of the running verl (the knob
+table), the supervisor's choice between an in-place rebuild and a relaunch, the step boundary that checkpoints and
+opens the rebuilt segment, the trainer's request to its TaskRunner, the environment and config of the rebuild, and
+the kept rollout handed to verl's trainer. The rebuild itself (killing FSDP workers, verl's trainer built anew in
+the TaskRunner) needs a GPU: bench/gpu/inplace_probe.py proved it on an H200, the campaign measures it through the
+Session API."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.plan_fixtures import runnable_plan, tiny_model  # noqa: F401 (fixtures)
+from workbench import checkpoints
+from workbench import control as c
+from workbench.boundary import StepBoundary
+from workbench.handles import judge_change
+from workbench.knob import (KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_SERVERS, REBUILD_KEEPS, RELAUNCH, RunnerPath,
+                            least_kept)
+from workbench.knobs import KNOBS
+from workbench.runs import Run
+from workbench.store import Store
+
+TOKEN = "supervisor-token"
+
+
+# ------------------------------------------------------------------ the knob table
+def test_every_restart_knob_says_what_a_rebuild_keeps_and_no_hot_knob_does():
+    for name, knob in KNOBS.items():
+        if knob.apply == "restart":
+            assert knob.runner.keeps in REBUILD_KEEPS, name
+        else:
+            assert knob.runner.keeps == "", name
+    with pytest.raises(ValueError, match="what a restart keeps"):
+        RunnerPath("restart")
+    with pytest.raises(ValueError, match="what a restart keeps"):
+        RunnerPath("worker", method="_wb_x", keeps=KEEPS_ROLLOUT)
+    # only new processes take a new environment or other GPUs
+    assert {KNOBS[k].runner.keeps for k in ("nccl_env", "gpus", "critic_gpus")} == {RELAUNCH}
+    assert least_kept(KEEPS_ROLLOUT, KEEPS_PROCESSES, KEEPS_SERVERS) == KEEPS_PROCESSES
+
+
+@pytest.mark.parametrize("changes, keeps", [
+    ({"ppo_mini_batch_size": 2}, KEEPS_ROLLOUT),
+    ({"critic_lora_rank": 8}, KEEPS_ROLLOUT),
+    ({"trainer_mode": "colocate_async"}, KEEPS_SERVERS),
+    ({"ppo_mini_batch_size": 2, "rollout_max_num_seqs": 128}, KEEPS_PROCESSES),
+    ({"ppo_mini_batch_size": 2, "nccl_env": {"NCCL_P2P_DISABLE": "1"}}, RELAUNCH),
+])
+def test_a_change_keeps_the_least_any_of_its_knobs_keeps(runnable_plan, changes, keeps):
+    assert judge_change(runnable_plan, changes, gpu_count=1, with_verl=False).keeps == keeps
+
+
+def test_a_change_from_an_async_trainer_mode_is_relaunched(runnable_plan):
+    """colocate_async generates through the step boundary: its partial rollouts are re-issued by a relaunch's resume."""
+    async_plan = runnable_plan.with_changes({"trainer_mode": "colocate_async"})
+    assert judge_change(async_plan, {"ppo_mini_batch_size": 2}, gpu_count=1, with_verl=False).keeps == RELAUNCH
+    assert judge_change(runnable_plan, {"ppo_mini_batch_size": 2}, gpu_count=1, with_verl=False).keeps == KEEPS_ROLLOUT
+    assert judge_change(runnable_plan, {"actor_token_budget": 6000}, gpu_count=1, with_verl=False).keeps == ""  # hot
+
+
+# ------------------------------------------------------------------ the step boundary
+def _rebuild_directive(store: Store, plan, user: int, losses=()) -> None:
+    store.put_command(c.RUNNER_REBUILD, c.signed(TOKEN, c.RUNNER_REBUILD, {
+        "plan_json": plan.to_json(), "config_yaml": OmegaConf.to_yaml(plan.config), "keeps": KEEPS_ROLLOUT,
+        "env": {}, "losses": list(losses), "command": user}))
+
+
+def test_the_boundary_checkpoints_then_opens_the_segment_verl_is_rebuilt_for(tmp_path, runnable_plan):
+    store = Store(tmp_path)
+    segment = store.begin_segment(runnable_plan.to_json())
+    rebuilt, ended = [], []
+    boundary = StepBoundary(store, segment, hot_apply=None, checkpoint=lambda step: " (1.5 s)",
+                            end_run=lambda: ended.append(True), token=TOKEN,
+                            rebuild=lambda payload, seg: rebuilt.append((payload["keeps"], seg)) or "; pruned")
+    new = runnable_plan.with_changes({"ppo_mini_batch_size": 2})
+    user = store.put_command(c.APPLY, {})
+    _rebuild_directive(store, new, user, losses=["critic weights start afresh"])
+    assert boundary(4) is True and ended == [True]
+    assert boundary.segment_id == segment + 1 and rebuilt == [(KEEPS_ROLLOUT, segment + 1)]
+    assert store.segment(segment)["status"] == "done"
+    assert store.segment(segment + 1)["resumed_from_step"] == 4
+    assert json.loads(store.segment(segment + 1)["plan_json"]) == json.loads(new.to_json())
+    events = [e for e in store.rows("events")]
+    assert [e["kind"] for e in events] == [c.EV_CHECKPOINT, c.EV_NOT_RESUMED, c.EV_LAUNCHED]
+    launched = events[-1]
+    assert launched["data"]["in_place"] is True and launched["data"]["segment"] == segment + 1
+    assert "rebuilt in place" in launched["text"] and "keeps the vLLM servers" in launched["text"]
+    assert launched["text"].endswith("step 4; pruned")
+    store.close()
+
+
+def test_a_run_that_cannot_rebuild_or_checkpoint_changes_nothing(tmp_path, runnable_plan):
+    store = Store(tmp_path)
+    segment = store.begin_segment(runnable_plan.to_json())
+    new = runnable_plan.with_changes({"ppo_mini_batch_size": 2})
+
+    def failing_checkpoint(step):
+        raise OSError("no space left on device")
+
+    for boundary in (StepBoundary(store, segment, hot_apply=None, checkpoint=lambda step: "", end_run=None,
+                                  token=TOKEN),  # a replay: no rebuild
+                     StepBoundary(store, segment, hot_apply=None, checkpoint=failing_checkpoint, end_run=None,
+                                  token=TOKEN, rebuild=lambda payload, seg: "")):
+        user = store.put_command(c.APPLY, {})
+        _rebuild_directive(store, new, user)
+        assert boundary(4) is False and boundary.segment_id == segment
+        assert store.command(user)["state"] == c.NOT_APPLIED
+    assert [s["id"] for s in store.rows("segments")] == [segment]
+    assert "no space left" in store.rows("events")[-1]["text"]
+    store.close()
+
+
+def test_the_trainer_leaves_its_taskrunner_the_new_config_and_keeps_the_newest_checkpoint(tmp_path, runnable_plan,
+                                                                                          monkeypatch):
+    from tests.test_runner_boundary import _trainer
+
+    monkeypatch.setenv(c.SESSION_ENV, str(tmp_path))
+    for step in (4, 9):
+        (tmp_path / c.CHECKPOINT_DIR / f"global_step_{step}").mkdir(parents=True)
+    (tmp_path / c.CHECKPOINT_DIR / "latest_checkpointed_iteration.txt").write_text("9")
+    trainer = _trainer(runnable_plan)
+    new = runnable_plan.with_changes({"ppo_mini_batch_size": 2})
+    words = trainer._wb_rebuild({"config_yaml": OmegaConf.to_yaml(new.config), "keeps": KEEPS_ROLLOUT,
+                                 "env": {c.SKIP_CRITIC_RESUME_ENV: "1"}}, 3)
+    request = trainer.wb_rebuild_request
+    assert request == {"segment": 3, "keeps": KEEPS_ROLLOUT, "env": {c.SKIP_CRITIC_RESUME_ENV: "1"},
+                       "config_path": str(c.segment_config_path(tmp_path, 3))}
+    assert OmegaConf.load(request["config_path"]).actor_rollout_ref.actor.ppo_mini_batch_size == 2
+    assert list(checkpoints.checkpoint_dirs(tmp_path)) == [9] and "step 4" in words
+
+
+# ------------------------------------------------------------------ the rebuild's config and kept rollout
+def test_a_rebuild_runs_the_new_segment_with_only_its_own_change_environment(tmp_path, runnable_plan, monkeypatch):
+    from workbench.runner.rebuild import config_for
+
+    new = runnable_plan.with_changes({"ppo_mini_batch_size": 2})
+    path = c.segment_config_path(tmp_path, 5)
+    path.parent.mkdir(parents=True)
+    path.write_text(OmegaConf.to_yaml(new.config))
+    for name, value in ((c.SEGMENT_ENV, "4"), (c.SKIP_CRITIC_RESUME_ENV, "1"), (c.ACTOR_HF_ENV, "/x/huggingface")):
+        monkeypatch.setenv(name, value)  # what the launch (an earlier change) left in the TaskRunner
+    config = config_for({"segment": 5, "env": {}, "config_path": str(path)}, tmp_path)
+    assert os.environ[c.SEGMENT_ENV] == "5"
+    assert c.SKIP_CRITIC_RESUME_ENV not in os.environ and c.ACTOR_HF_ENV not in os.environ
+    assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
+    assert config.trainer.resume_mode == "auto" and config.trainer.default_local_dir == str(tmp_path / c.CHECKPOINT_DIR)
+    assert config.transfer_queue.enable is True
+
+
+def test_the_kept_rollout_is_handed_to_verls_trainer_bound_to_the_new_workers():
+    """verl's trainer_base module stood in for by one with its two names (verl's imports the TransferQueue, which
+    this CPU environment lacks)."""
+    import types
+
+    from workbench.runner.rebuild import kept_rollout
+
+    trainer_base = types.SimpleNamespace(LLMServerManager="verl's", RewardLoopManager="verl's")
+
+    class Replica:
+        world_size, replica_rank, workers = 1, 0, ["old worker"]
+
+        def __init__(self, rank):
+            self.replica_rank = rank
+
+    class Owner:
+        class llm_server_manager:  # noqa: N801 (verl's attribute name)
+            replicas = [Replica(0), Replica(1)]
+
+            @classmethod
+            def get_replicas(cls):
+                return cls.replicas
+
+        reward_loop_manager = object()
+
+    class WorkerGroup:
+        workers = ["new worker 0", "new worker 1"]
+
+    originals = trainer_base.LLMServerManager, trainer_base.RewardLoopManager
+    with kept_rollout(Owner, trainer_base):
+        servers = trainer_base.LLMServerManager.create(config={}, worker_group=WorkerGroup, rollout_resource_pool="pool")
+        reward = trainer_base.RewardLoopManager(config={}, rm_resource_pool=None)
+    assert servers is Owner.llm_server_manager and reward is Owner.reward_loop_manager
+    assert [r.workers for r in servers.replicas] == [["new worker 0"], ["new worker 1"]]
+    assert (trainer_base.LLMServerManager, trainer_base.RewardLoopManager) == originals
+
+
+# ------------------------------------------------------------------ the supervisor
+class StubRun(Run):
+    """A live run's face to the supervisor, without verl: it rebuilds in place, and exits with `rc` when told."""
+
+    rebuilds_in_place = True
+    log_path = None
+
+    def __init__(self):
+        self.rc = None
+
+    def poll(self):
+        return self.rc
+
+    def kill(self):
+        pass
+
+
+@pytest.fixture
+def supervised(tmp_path, runnable_plan):
+    from workbench.supervisor import Supervisor
+
+    (tmp_path / c.TOKEN_FILE).write_text(TOKEN)
+    store = Store(tmp_path)
+    store.set_meta(state=c.RUNNING, initial_plan=runnable_plan.to_json())
+    runs = []
+    supervisor = Supervisor(tmp_path, run_factory=lambda segment, plan, env: runs.append((segment, plan, env))
+                            or StubRun())
+    supervisor.warmed.wait(60)
+    supervisor.launch(runnable_plan, reason="start")
+    yield supervisor, store, runs
+    store.close()
+
+
+def _apply(supervisor, store, changes) -> int:
+    command = store.put_command(c.APPLY, {"changes": changes})
+    supervisor.cmd_apply(command, {"changes": changes})
+    return command
+
+
+def _runner_starts(store: Store, segment: int, first_step: int) -> None:
+    store.add_event(c.EV_STARTED, f"verl is ready at step {first_step}", {"segment": segment, "first_step": first_step})
+
+
+def test_a_change_verl_takes_in_place_is_sent_as_a_rebuild_and_resumes_on_the_runners_segment(supervised):
+    supervisor, store, runs = supervised
+    command = _apply(supervisor, store, {"ppo_mini_batch_size": 2})
+    directive = store.commands_in([c.QUEUED], kinds=[c.RUNNER_REBUILD])[0]
+    payload = directive["payload"]
+    assert c.SignatureCheck(TOKEN).refusal(c.RUNNER_REBUILD, payload) is None
+    assert payload["keeps"] == KEEPS_ROLLOUT and payload["command"] == command
+    assert OmegaConf.create(payload["config_yaml"]).actor_rollout_ref.actor.ppo_mini_batch_size == 2
+    assert store.command(command)["state"] == c.RESTARTING and supervisor.state() == c.RESTARTING
+    pending = [e for e in store.rows("events") if e["kind"] == c.EV_RESTART_PENDING][-1]
+    assert "rebuild verl in place (keeps the vLLM servers" in pending["text"]
+    assert not store.commands_in([c.QUEUED], kinds=[c.RUNNER_CHECKPOINT_EXIT])
+    # the runner: checkpoint, the new segment, verl rebuilt and ready
+    segment = store.begin_segment(json.loads(json.dumps(payload["plan_json"])), reason="restart-class change",
+                                  resumed_from_step=4)
+    supervisor.check_resumed()
+    assert store.command(command)["state"] == c.RESTARTING  # not before verl is ready
+    _runner_starts(store, segment, 5)
+    supervisor.check_resumed()
+    result = json.loads(store.command(command)["result"])
+    assert store.command(command)["state"] == c.RESUMED and result["segment"] == segment and result["step"] == 5
+    assert supervisor.pending_plan is None and len(runs) == 1  # nothing relaunched
+    _apply(supervisor, store, {"critic_lora_rank": 8})  # the next restart-class change is taken
+    assert len(store.commands_in([c.QUEUED], kinds=[c.RUNNER_REBUILD])) == 2
+
+
+def test_a_rebuild_that_fails_before_verl_is_ready_is_relaunched_instead(supervised):
+    supervisor, store, runs = supervised
+    command = _apply(supervisor, store, {"ppo_mini_batch_size": 2})
+    payload = store.commands_in([c.QUEUED], kinds=[c.RUNNER_REBUILD])[0]["payload"]
+    rebuilt = store.begin_segment(payload["plan_json"], reason="restart-class change", resumed_from_step=4)
+    store.add_event(c.EV_REBUILD_FAILED, "rebuilding verl in place failed (RuntimeError('x')): relaunching instead",
+                    {"segment": rebuilt})
+    supervisor.run.rc = 1
+    supervisor.check_run()
+    assert store.segment(rebuilt)["status"] == "failed"
+    assert len(runs) == 2 and runs[1][1].knob_values()["ppo_mini_batch_size"] == 2
+    relaunched = runs[1][0]
+    assert relaunched == rebuilt + 1 and supervisor.state() == c.STARTING
+    assert not [e for e in store.rows("events") if e["kind"] == c.EV_CRASH]
+    _runner_starts(store, relaunched, 5)
+    supervisor.check_resumed()
+    assert store.command(command)["state"] == c.RESUMED
+    assert json.loads(store.command(command)["result"])["segment"] == relaunched
+
+
+def test_a_change_only_new_processes_take_and_the_switch_off_are_relaunched(supervised, monkeypatch):
+    supervisor, store, runs = supervised
+    _apply(supervisor, store, {"nccl_env": {"NCCL_P2P_DISABLE": "1"}})
+    assert store.commands_in([c.QUEUED], kinds=[c.RUNNER_CHECKPOINT_EXIT])
+    supervisor.run.rc = 0
+    supervisor.check_run()  # the runner checkpointed and exited: relaunched
+    assert len(runs) == 2
+    _runner_starts(store, runs[1][0], 5)
+    supervisor.check_resumed()
+    monkeypatch.setenv("WORKBENCH_IN_PLACE", "0")
+    _apply(supervisor, store, {"ppo_mini_batch_size": 2})
+    assert not store.commands_in([c.QUEUED], kinds=[c.RUNNER_REBUILD])
+    assert len(store.commands_in([c.QUEUED], kinds=[c.RUNNER_CHECKPOINT_EXIT])) == 2
