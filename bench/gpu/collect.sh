@@ -11,7 +11,7 @@ F=${1:?usage: collect.sh FILES_AT}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d)
 tar xzf "$F/results.tar.gz" -C "$T"
-M=$(python3 -c "import json,glob,sys; f=sorted(glob.glob('$T/results/*.json')); print(json.load(open(f[0]))['machine'] if f else '')")
+M=$(python3 -c "import json,glob; m=[json.load(open(f)).get('machine') for f in sorted(glob.glob('$T/results/*.json'))]; print(next((x for x in m if x), ''))")
 [ -n "$M" ] || { echo "no result JSON in $F/results.tar.gz"; exit 1; }
 D=$ROOT/bench/results/${2:-$M}
 mkdir -p "$D"
