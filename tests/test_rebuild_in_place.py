@@ -54,6 +54,19 @@ def test_a_change_keeps_the_least_any_of_its_knobs_keeps(runnable_plan, changes,
     assert judge_change(runnable_plan, changes, gpu_count=1, with_verl=False).keeps == keeps
 
 
+def test_the_knob_table_and_a_preview_say_what_a_restart_keeps(tmp_path, runnable_plan):
+    from tests.test_engine_face import make_session_dir
+    from workbench.session import Session
+
+    store = make_session_dir(tmp_path / "s", runnable_plan)
+    session = Session(tmp_path / "s")
+    table = session.knob_table().set_index("name")
+    assert table.loc["trainer_mode", "keeps"] == KEEPS_SERVERS and table.loc["actor_token_budget", "keeps"] == ""
+    assert session.preview({"ppo_mini_batch_size": 2}).keeps == KEEPS_ROLLOUT
+    assert session.preview({"actor_token_budget": 6000}).keeps == ""
+    store.close()
+
+
 def test_a_change_from_an_async_trainer_mode_is_relaunched(runnable_plan):
     """colocate_async generates through the step boundary: its partial rollouts are re-issued by a relaunch's resume."""
     async_plan = runnable_plan.with_changes({"trainer_mode": "colocate_async"})

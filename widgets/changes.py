@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
+from workbench.knob import KEEP_WORDS
 from workbench.plan import PlanError
 
 from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
@@ -170,7 +171,8 @@ class ChangesPanel:
                                [(d["knob"], as_text("", plain(d["before"])), as_text("", plain(d["after"])),
                                  d["apply"]) for d in p.diff], css="wb-table wb-diff-table"))
         if p is not None and p.ok:
-            words = HOT_WORDS if p.mode == "hot" else RESTART_WORDS
+            words = HOT_WORDS if p.mode == "hot" else RESTART_WORDS + (
+                f"; this change keeps {KEEP_WORDS[p.keeps]}" if p.keeps in KEEP_WORDS else "")
             parts.append(f"<div class='wb-will'>Apply will do — {html.escape(words)}</div>")
             for knob, text in (p.warnings or {}).items():
                 parts.append(f"<div class='wb-warning'>{esc(said_once(knob, text))}</div>")

@@ -37,8 +37,9 @@ class Preview:
     """What applying `changes` would do, judged against the plan in force; nothing was queued.
 
     mode: "hot" | "restart" | None (no change, or invalid); diff: one {"knob", "before", "after", "apply"} per
-    changed knob; problems / warnings: knob name (or "plan") → message; offers: on a replay that can't play the
-    change, the changes it can (recordings.py)."""
+    changed knob; keeps: a restart's, what of the running verl it leaves alone (knob.REBUILD_KEEPS: a live run
+    rebuilds verl in place keeping it, "relaunch" relaunches it); problems / warnings: knob name (or "plan") →
+    message; offers: on a replay that can't play the change, the changes it can (recordings.py)."""
 
     changes: dict[str, Any]
     mode: str | None
@@ -48,6 +49,7 @@ class Preview:
     messages: list[str] = field(default_factory=list)
     prediction: Any = None  # workbench.predict.Prediction of the new plan, when a segment measured enough steps
     offers: list[dict[str, Any]] = field(default_factory=list)
+    keeps: str = ""
 
     @property
     def ok(self) -> bool:
@@ -120,7 +122,7 @@ def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, sessio
         judged = judge_change(current, changes, gpu_count=gpu_count, with_verl=False)
     except PlanError as error:
         return Preview(changes, None, [], error.problems, messages=error.messages), None
-    return Preview(changes, judged.mode, judged.diff, {}), judged.new
+    return Preview(changes, judged.mode, judged.diff, {}, keeps=judged.keeps), judged.new
 
 
 def unplayable(preview: Preview, offers: list[dict[str, Any]]) -> Preview:

@@ -287,8 +287,8 @@ def knob_defaults() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ the table a view renders
-KNOB_TABLE_COLUMNS = ("name", "group", "kind", "value", "default", "changed", "apply", "min", "max", "choices", "help",
-                      "relevant", "why_irrelevant")
+KNOB_TABLE_COLUMNS = ("name", "group", "kind", "value", "default", "changed", "apply", "keeps", "min", "max", "choices",
+                      "help", "relevant", "why_irrelevant")
 
 
 def irrelevant_knobs(values: dict[str, Any], roles: Any) -> dict[str, str]:
@@ -328,7 +328,8 @@ def knob_rows(values: dict[str, Any], defaults: dict[str, Any], irrelevant: dict
     means anything there."""
     return [
         {"name": name, "group": knob.group, "kind": knob.kind, "value": values[name], "default": defaults[name],
-         "changed": values[name] != defaults[name], "apply": knob.apply, "min": knob.bounds[0], "max": knob.bounds[1],
+         "changed": values[name] != defaults[name], "apply": knob.apply, "keeps": knob.runner.keeps,
+         "min": knob.bounds[0], "max": knob.bounds[1],
          "choices": list(knob.choices), "help": knob.help, "relevant": name not in irrelevant,
          "why_irrelevant": irrelevant.get(name, "")}
         for name, knob in KNOBS.items()
