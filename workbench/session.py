@@ -366,9 +366,8 @@ class Session:
         return history.segments_frame(self._store, self._plans, since_id)
 
     def knob_table(self, segment: int | None = None) -> pd.DataFrame:
-        """One row per knob for a segment's plan (default: the plan in force): name, group, kind, value, default,
-        changed, apply, keeps (a restart-class knob's: what of the running verl its change leaves alone, knob.py
-        REBUILD_KEEPS), min, max, choices, help, relevant, why_irrelevant."""
+        """One row per knob for a segment's plan (default: the plan in force): KNOB_TABLE_COLUMNS (keeps: what of
+        the running verl a restart-class knob's change leaves alone, knob.REBUILD_KEEPS)."""
         plan = self._plan_of(segment)
         irrelevant = irrelevant_knobs(plan.knob_values(), verl_config.roles_in_use(plan.config))
         return pd.DataFrame(knob_rows(plan.knob_values(), knob_defaults(), irrelevant), columns=KNOB_TABLE_COLUMNS)
