@@ -91,11 +91,12 @@ ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_bu
 PARTS = ("all", "restart", "probe")
 # The restart-class changes `parts="restart"` applies in turn (label = what verl's in-place rebuild keeps, the change,
 # the seconds it needs; bench/results/h200_2026-12-02_probe/: 75 / 115 / 174 s boundary -> first step in plain verl):
-# PPO mini batches (the FSDP workers only), then the trainer mode (the agent loops too: the autopilot's next lever),
-# then the rollout engine's sequences: from colocate_async a relaunch (in place from sync, it rebuilds vLLM: 0.72 of a
-# cold start in the probe).
+# the critic's LoRA alpha while it has no LoRA (rank 0: a change no step reads, the restart machinery alone, as the
+# NCCL variable is for a relaunch; it keeps the rollout), then the trainer mode (the agent loops are rebuilt: the
+# autopilot's next lever, measured on the round-1 plan), then the rollout engine's sequences (from colocate_async, a
+# relaunch).
 IN_PLACE_CONTROLS = (
-    ("rollout", {"ppo_mini_batch_size": 64}, 150),
+    ("rollout", {"critic_lora_alpha": 32}, 150),
     ("servers", {"trainer_mode": "colocate_async"}, 200),
     ("relaunch", {"rollout_max_num_seqs": 192}, 300),
 )
