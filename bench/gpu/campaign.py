@@ -517,20 +517,8 @@ class Campaign:
         (self.out / "plain_overrides.txt").write_text("\n".join(overrides) + "\n")
         run = self.out / "plain"
         run.mkdir(exist_ok=True)
-        env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(run / "metrics.jsonl"), "CUDA_VISIBLE_DEVICES": "0"}
-        # Plain verl has no workbench fallback for flash-attn's absence in the critic: the staging's does that.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in ("/root/site", "/root/fallback", env.get("PYTHONPATH", "")) if p)
-        t0 = time.time()
-        with open(run / "log.txt", "wb") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=run, env=env,
-                                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=max(60.0, self.left() + 60))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rc = "timeout"
-        self.log(f"plain verl exited {rc} after {time.time() - t0:.0f} s")
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=60)
+        rc = self.run_plain("plain verl", [sys.executable, "-m", "verl.trainer.main_ppo", *overrides], run,
+                            {**self.plain_env(), "VERL_FILE_LOGGER_PATH": str(run / "metrics.jsonl")})
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()] \
             if (run / "metrics.jsonl").exists() else []
         plain_rows = [m["data"] for m in metrics if m["step"] > 1]
@@ -635,6 +623,22 @@ class Campaign:
                        env=self.plain_env(), cwd=ROOT, timeout=max(60.0, self.left()), check=True)
         self.log("import times: " + json.dumps({k: v["wall_s"] for k, v in json.loads(path.read_text())["imports"].items()}))
 
+    def run_plain(self, what: str, command: list[str], run: Path, env: dict[str, str]) -> int | str:
+        """A plain-verl process (its output in run/log.txt) until it exits or the budget is spent; then Ray, which
+        it started, is stopped. Returns its exit code ("timeout" when killed)."""
+        t0 = time.time()
+        with open(run / "log.txt", "wb") as logf:
+            proc = subprocess.Popen(command, cwd=run, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=max(60.0, self.left() + 60))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = "timeout"
+        self.log(f"{what} exited {rc} after {time.time() - t0:.0f} s")
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=60)
+        return rc
+
     def plain_env(self) -> dict[str, str]:
         """Plain verl's environment: verl has no workbench fallback for flash-attn's absence in the critic, the
         staging's does that."""
@@ -653,17 +657,7 @@ class Campaign:
         command = [sys.executable, str(ROOT / "bench" / "gpu" / "inplace_probe.py"), str(run), "--",
                    *plain_overrides(plan.to_overrides(), steps=3)]
         (self.out / "probe_command.txt").write_text(" ".join(command) + "\n")
-        t0 = time.time()
-        with open(run / "log.txt", "wb") as logf:
-            proc = subprocess.Popen(command, cwd=run, env=self.plain_env(), stdout=logf, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            try:
-                rc = proc.wait(timeout=max(60.0, self.left() + 60))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rc = "timeout"
-        self.log(f"probe exited {rc} after {time.time() - t0:.0f} s")
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=60)
+        rc = self.run_plain("probe", command, run, self.plain_env())
         data = json.loads((run / "inplace_probe.json").read_text())
         (self.results / "inplace_probe_raw.json").write_text(json.dumps(data, indent=1))
         fig = probe_figures(data)

@@ -24,6 +24,7 @@ import time
 PROCESS_START = time.time()  # before the heavy imports: the cold start counts them
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
@@ -171,18 +172,13 @@ class _ProbeTaskRunner(TaskRunnerV1.__ray_actor_class__):
     def _rebuild(self, trainer, rollout_owner, keep: str, config, label: str, trainer_cls, clock: _Clock):
         """Tear `trainer` down (keeping what `keep` says of `rollout_owner`'s rollout), build verl's trainer for
         `config` in its place, resume and fit; returns (the new trainer, the owner of the rollout it uses)."""
-        import verl.trainer.ppo.v1.trainer_base as trainer_base
+        from workbench.runner.rebuild import kept_rollout  # what the workbench took from this probe
 
         self._teardown(trainer, keep, rollout_owner, clock)
-        originals = (trainer_base.LLMServerManager, trainer_base.RewardLoopManager)
-        if keep != "none":
-            trainer_base.LLMServerManager, trainer_base.RewardLoopManager = _kept(rollout_owner)
-        try:
-            clock(f"{label}: trainer init")
+        clock(f"{label}: trainer init")
+        with kept_rollout(rollout_owner) if keep != "none" else contextlib.nullcontext():
             self.trainer = trainer_cls(config)(config=config)  # the partial one, should init fail
             self.trainer.init()
-        finally:
-            trainer_base.LLMServerManager, trainer_base.RewardLoopManager = originals
         self.config = config
         clock(f"{label}: trainer ready")
         if keep != "all":
@@ -223,27 +219,6 @@ class _ProbeTaskRunner(TaskRunnerV1.__ray_actor_class__):
                     print(f"[probe] remove placement group: {error!r}", flush=True)
         left = _wait_gpu_free(worker_pids, everything=keep == "none")
         clock(f"teardown done ({len(doomed)} actors killed; GPU processes still there: {left})")
-
-
-def _kept(owner) -> tuple[type, type]:
-    """Stand-ins for verl's LLMServerManager and RewardLoopManager (as trainer_base names them) that hand the new
-    trainer the ones `owner` built, bound to the new actor workers."""
-    servers, reward = owner.llm_server_manager, owner.reward_loop_manager
-
-    class KeptServers:
-        @staticmethod
-        def create(config, worker_group=None, rollout_resource_pool=None, **_):
-            for replica in servers.get_replicas():
-                lo = replica.world_size * replica.replica_rank
-                replica.workers = worker_group.workers[lo:lo + replica.world_size]
-            servers.worker_group, servers.rollout_resource_pool = worker_group, rollout_resource_pool
-            return servers
-
-    class KeptReward:
-        def __new__(cls, *args, **kwargs):
-            return reward
-
-    return KeptServers, KeptReward
 
 
 ProbeTaskRunner = ray.remote(_ProbeTaskRunner)
