@@ -16,8 +16,9 @@ from .knob_editor import plain
 
 TAKES_CHANGES = ("starting", "running", "paused")
 OFFER_SLOTS = 6  # a recording holds a few plans: one offer per other plan
-EFFECT = ("It takes effect at the end of the step under way (a restart-class change relaunches verl first): the "
-          "Throughput chart below marks its segment (seg N) and draws its steps; Pending changes follows its progress.")
+EFFECT = ("It takes effect at the end of the step under way (a restart-class change rebuilds or relaunches verl "
+          "first): the Throughput chart below marks its segment (seg N) and draws its steps; Pending changes follows "
+          "its progress.")
 
 
 def offer_text(changes: dict[str, Any]) -> str:

@@ -46,7 +46,7 @@ def what_you_can_do(state: str, replay: bool, speed: Any) -> str:
     if state == "paused":
         return "Paused between steps: Resume goes on. A change applied now takes effect when it resumes."
     if state == "restarting":
-        return "A restart-class change is under way (checkpoint → relaunch → verl start-up): its progress is under Apply."
+        return "A restart-class change is under way (checkpoint → verl rebuilt in place or relaunched): its progress is under Apply."
     if state == "stopping":
         return "Stopping at the next step boundary."
     if state == "failed":
