@@ -6,10 +6,15 @@ real H200 measurements only:
 - the workbench's recorded sessions (workbench/assets/recordings: h200-proof, h200-lora-critic-sync, 2026-11-30;
   h200-tuning, h200-hot-lever (0.5B) and h200-autopilot-1.5b (1.5B), 2026-12-01);
 - the plain-verl reference runs (tests/data: h200_2026-11-30 quickstart A and tuned B, h200_fused_logprob_2026-12-01
-  quickstart, fused C and fused + 8 agent workers D), with the plans their scripts ran (tests/h200_traces.py).
+  quickstart, fused C and fused + 8 agent workers D), with the plans their scripts ran (tests/h200_traces.py);
+- sessions a GPU campaign packed with its results (bench/results/<folder>/campaign_recording.tar.gz: the 2026-12-02
+  in-place session, sync → colocate_async alone on the fused round-1 plan).
+A target is measured as the model costs a segment (predict.segment_cost): its median step, or under colocate_async,
+whose steps alternate long and short, its mean (what the autopilot judges it by).
 Some of predict.py's priors were read off the same runs (the update's split into a transformer and a logits part
 from 2026-12-01 A → C and h200-tuning 1 → 2, dynamic batching's effect on the logits part from 2026-11-30 A → B,
-the micro-batch exponent from h200-proof 1 → 2, the LoRA critic factor from h200-proof); pairs that use a prior on
+the micro-batch exponent from h200-proof 1 → 2, the LoRA critic factor from h200-proof, colocate_async's
+generation factor from h200_2026-12-02_inplace 2 → 3); pairs that use a prior on
 the run it came from are marked `in_sample` and the table reports the median over the out-of-sample pairs too, and
 the median per model size (the shape the memory model reads off each target's peaks).
 
@@ -32,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from common import environment, result, write  # noqa: E402
-from tests.h200_traces import PLANS, frames  # noqa: E402
+from tests.h200_traces import PLANS, RESULTS, frames, packed_session  # noqa: E402
 from tests.plan_fixtures import runnable_overrides, write_tiny_model  # noqa: E402
 from workbench import predict  # noqa: E402
 from workbench.advisor import measurements  # noqa: E402
@@ -62,6 +67,9 @@ PAIRS = [
     ("h200-autopilot-1.5b#1", "h200-autopilot-1.5b#2", False), ("h200-autopilot-1.5b#1", "h200-autopilot-1.5b#3", False),
     ("h200-autopilot-1.5b#3", "h200-autopilot-1.5b#1", False), ("h200-autopilot-1.5b#3", "h200-autopilot-1.5b#4", False),
     ("h200-autopilot-1.5b#4", "h200-autopilot-1.5b#3", False),
+    # 2026-12-02, in place (0.5B, 128 prompts × 256+768, the fused round-1 plan): sync → colocate_async alone.
+    ("h200_2026-12-02_inplace#2", "h200_2026-12-02_inplace#3", True),
+    ("h200_2026-12-02_inplace#3", "h200_2026-12-02_inplace#2", True),
 ]
 
 
@@ -81,7 +89,8 @@ class Segments:
     def _load(self, name: str):
         if "#" in name:
             recording, segment = name.split("#")
-            store = Store(RECORDINGS / recording, readonly=True)
+            packed = (RESULTS / recording).is_dir()
+            store = Store(packed_session(recording) if packed else RECORDINGS / recording, readonly=True)
             row = next(r for r in store.rows("segments") if r["id"] == int(segment))
             knobs = Plan.from_json(row["plan_json"]).knob_values()
             steps, samples = store.frame("steps"), store.frame("samples")
@@ -98,12 +107,12 @@ def evaluate() -> pd.DataFrame:
     for source, target, in_sample in PAIRS:
         cost = predict.segment_cost(segments(source))
         truth = segments(target)
-        measured = float(pd.to_numeric(truth.steps["timing_s/step"]).median())
-        memory = predict.segment_cost(truth).trainer_peak_gb
+        truth_cost = predict.segment_cost(truth)
+        measured, memory = truth_cost.step_s, truth_cost.trainer_peak_gb
         p = predict.predict(cost, truth.knobs)
         low, high = p.step_range_s
         changed = [k for k in truth.knobs if truth.knobs[k] != cost.knobs.get(k)]
-        shape = predict.memory_model_for(predict.segment_cost(truth)).shape
+        shape = predict.memory_model_for(truth_cost).shape
         rows.append({
             "source": source, "target": target, "in_sample": in_sample, "changed": ", ".join(changed),
             "model": f"{shape.policy_params / 1e9:.1f}B",
@@ -135,6 +144,8 @@ def main() -> None:
                  "pairs": len(table), "pairs_out_of_sample": int((~table["in_sample"]).sum()),
                  "inside_band_share": float(table["inside_band"].mean()),
                  "max_abs_error_pct": float(absolute.max()),
+                 "colocate_async_abs_error_pct": {f"{r.source} -> {r.target}": abs(r.error_pct) for r in
+                                                  table[table["changed"].str.contains("trainer_mode")].itertuples()},
                  "trainer_memory_median_abs_error_pct": float(table["memory_error_pct"].abs().median()),
                  "trainer_memory_max_abs_error_pct": float(table["memory_error_pct"].abs().max())},
         notes="Held-out pairs: each target segment predicted from another plan's segment, its own steps unread. "

@@ -13,6 +13,8 @@ import functools
 import gzip
 import json
 import re
+import tarfile
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +23,7 @@ from workbench.store import SAMPLE_COLUMNS
 from workbench.telemetry.nvml import read_recording
 
 DATA = Path(__file__).parent / "data"
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 FUSED = DATA / "h200_fused_logprob_2026-12-01"
 H200_MEM_TOTAL_MIB = 143_771.0  # the recordings hold no memory total; this is what NVML reports for an H200
 NODE = "h200"
@@ -87,3 +90,16 @@ def frames(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                         DATA / "h200_run_nvml.csv")
     folder = DATA / "h200_2026-11-30"
     return _watched(folder / f"{name}_metrics.jsonl", folder / f"{name}_timeline.txt", folder / f"{name}_nvml.csv")
+
+
+@functools.cache
+def packed_session(results_folder: str) -> Path:
+    """The session directory a GPU campaign packed into bench/results/<results_folder>/campaign_recording.tar.gz,
+    unpacked once per process into a temporary folder (read it with Store(path, readonly=True)): real sessions kept
+    with their results rather than among the bundled recordings, whose list drives the slow replay tests."""
+    into = Path(tempfile.mkdtemp(prefix=f"{results_folder}-"))
+    with tarfile.open(RESULTS / results_folder / "campaign_recording.tar.gz") as packed:
+        members = [m for m in packed.getmembers() if m.name.endswith(("session.sqlite", "session.sqlite-wal"))]
+        packed.extractall(into, members=members, filter="data")
+    (session,) = {into / Path(m.name).parent for m in members}
+    return session

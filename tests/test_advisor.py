@@ -245,7 +245,9 @@ def test_reference_run_is_rollout_bound_and_gets_colocate_async(advised):
     assert f.evidence["kv_cache_tokens"] > 100 * f.evidence["kv_tokens_needed"] == 100 * 64 * 512
     assert "rollout memory stays at 0.4" in f.expected and "KV cache holds" in f.expected
     assert f.change["rollout_max_batched_tokens"] == 64 * 256
-    assert "48%" in f.evidence_text and "8.1 s" in f.expected
+    # colocate_async shares the GPU with training: the offer quotes its measured pair mean (13.5 s against sync's
+    # 14.0 s, H200 2026-12-02), not a short step of the pair (8.1 s until then, which read as a 40 % gain).
+    assert "48%" in f.evidence_text and "13.5 s" in f.expected and "does not overlap training" in f.expected
 
 
 def test_budgets_grow_into_the_trainers_headroom_though_generation_sets_the_gpu_peak(advised):
@@ -542,6 +544,7 @@ def test_colocate_async_alternation_is_named_with_its_pair_mean(advised):
     assert [round(s, 1) for s in steps] == [8.7, 12.6, 7.9, 14.2]  # h200-proof, steps 15–18
     assert f.change == {} and f.evidence["pair_mean_s"] == pytest.approx(sum(steps) / 4)
     assert "mean of a pair" in f.expected and "1 × H200, 2026-12-01" in f.expected
+    assert f"mean of a pair, {sum(steps) / 4:.1f} s here" in f.expected
     assert not any(path in f.expected for path in ("tests/", ".py", "recordings"))  # measurements, not paths
 
 

@@ -97,7 +97,8 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          roles=("critic",), phases=("values", "update_critic"), model_group="critic_lora", runner=restart(KEEPS_ROLLOUT)),
     # --- async ----------------------------------------------------------------------------------------------------
     Knob("trainer_mode", ("trainer.v1.trainer_mode",), "choice", "restart", "async",
-         "V1 trainer: sync, colocate_async (overlap on shared GPUs) or separate_async (own rollout GPUs).",
+         "V1 trainer: sync, colocate_async (shared GPUs: the next batch generates beside this one, not during "
+         "training) or separate_async (own rollout GPUs: generation overlaps training).",
          choices=("sync", "colocate_async", "separate_async"),
          roles=("trainer",), phases=WHOLE_STEP, model_group="trainer_mode", runner=restart(KEEPS_SERVERS)),
     Knob("hybrid_switch", ("trainer.v1.separate_async.hybrid_rollout.enable_switch",), "bool", "restart", "async",

@@ -40,6 +40,21 @@ UNMODELLED_UNCERTAINTY = 0.30
 GEN_BETWEEN_SEGMENTS = 0.19
 
 
+# colocate_async's generation per step over sync's. verl 0.9.1's colocate_async (trainer/ppo/v1/
+# trainer_colocate_async.py) runs the rollout on the GPUs it trains on: once the trainer has its batch, on_sample_end
+# aborts the unfinished requests and puts vLLM to sleep (weights and KV cache freed) for all of training, and
+# on_step_end wakes it. So generation never overlaps training, on one GPU or several: what async adds is the next
+# batch's prompts (num_warmup_batches) decoding beside this one's, which fills the engine's idle room only in the
+# tail, where a batch's last long responses decode nearly alone, and the partial rollouts it aborts resume next step.
+# Every other step generates two batches together and the next finds its batch ready (gen ~0.15 s): per step,
+# generation shrinks only by that tail. 1 × H200, 2026-12-02 (0.5B shape, 128 prompts × ≤ 256 + 768, the fused round-1
+# plan, bench/results/h200_2026-12-02_inplace, segment 2 → 3, colocate_async changed alone): the sync segment's
+# median gen (steps 4–5: 6.17 / 5.83 s) against the colocate_async pair's mean (steps 7–8: 0.15 / 10.57 s); its other
+# phases moved by less than their step-to-step spread.
+_ASYNC_GEN_S = {"sync": (6.17 + 5.83) / 2, "colocate_async": (0.15 + 10.57) / 2}
+COLOCATE_ASYNC_GEN = _ASYNC_GEN_S["colocate_async"] / _ASYNC_GEN_S["sync"]
+
+
 @dataclass(frozen=True)
 class Prior:
     factor: dict[str, float]
@@ -140,9 +155,13 @@ PRIORS: dict[str, Prior] = {
         "not measured on this workload: vLLM decoding a 0.5B model without CUDA graphs is bound by kernel "
         "launches; ×0.6 is a guess with a wide band"),
     "colocate_async": Prior(
-        {"gen": 0.5}, 0.40,
-        "1 × H200, 2026-11-30 (0.5B shape): colocate_async alternated 16.0 / 6.8 / "
-        "12.9 / 6.1 s steps against 11.6–15.5 s sync; about half of generation overlapped"),
+        {"gen": COLOCATE_ASYNC_GEN}, 0.30,
+        "1 × H200, 2026-12-02 (0.5B shape, 128 prompts × ≤ 256 + 768, fused kernels, dynamic batching): sync "
+        "14.0 s a step (gen 6.0 s) → colocate_async alone 8.4 / 18.6 s (gen 0.15 / 10.6 s), a pair mean of 13.5 s: "
+        f"generation ×{COLOCATE_ASYNC_GEN:.2f}, training unchanged. The rollout and training share the GPUs, so "
+        "generation never overlaps training: the next batch decoding beside this one only fills the tail of a "
+        "batch's rollout. 2026-11-30's traces (64 prompts × 256 + 256, on verl's 2 s replay poll) measured ×0.64 and "
+        "×0.77, inside the band"),
     "critic_lora": Prior(
         {"update_critic": 3.5}, 0.30,
         "1 × H200, 2026-11-30 (0.5B shape): a rank-8 LoRA critic made update_critic 2.13 s against "

@@ -13,8 +13,16 @@ from ..memory import kv_cache_tokens
 from .core import (Finding, Measurements, finding, gain_evidence, limit, no_knob, predicted_gain, prediction_text,
                    training_is_fast)
 
-# Measured: 1 × H200, 2026-12-01 (issue 16's 0.5B workload, 128 prompts × 512 + 1 024), the advisor's round 2.
-ASYNC_EVIDENCE = "1 × H200, 2026-12-01: 16.1 s a step sync → 17.8 / 9.7 s alternating, a mean of 13.8 s"
+# Measured on issue 16's 0.5B workloads after the fused round: colocate_async alone (2026-12-02, 128 prompts ×
+# ≤ 256 + 768, bench/results/h200_2026-12-02_inplace) and with rollout memory 0.65 and batched tokens 16 384
+# (2026-12-01, 128 prompts × 512 + 1 024, the advisor's round 2).
+ASYNC_EVIDENCE = ("1 × H200, 2026-12-02: 14.0 s a step sync → colocate_async alone 8.4 / 18.6 s alternating, a pair "
+                  "mean of 13.5 s; 1 × H200, 2026-12-01, with rollout memory 0.65 and batched tokens 16 384: 16.1 s → "
+                  "17.8 / 9.7 s, a mean of 13.8 s")
+# Why colocate_async gains little where the rollout shares the trainer's GPUs (workbench.predict.COLOCATE_ASYNC_GEN).
+ASYNC_OVERLAP = ("the next batch's prompts decode beside this one's and fill the rollout's idle tail; generation "
+                 "does not overlap training, since verl puts the rollout to sleep on the GPUs it shares while they "
+                 "train, so the gain is that tail only")
 
 
 def rollout_bound(m: Measurements) -> Finding | None:
@@ -26,9 +34,7 @@ def rollout_bound(m: Measurements) -> Finding | None:
     change, effects = {}, []
     if m.knobs["trainer_mode"] == "sync":
         change["trainer_mode"] = "colocate_async"
-        effects.append("generation overlaps training on the same GPUs (1 × H200, 2026-11-30: 8.1 s a step with "
-                       "colocate_async against 11.6–15.5 s sync on the same workload; after the fused lever, with "
-                       f"rollout memory 0.65 and batched tokens 16 384, {ASYNC_EVIDENCE})")
+        effects.append(f"{ASYNC_OVERLAP} ({ASYNC_EVIDENCE})")
     if m.knobs["rollout_enforce_eager"]:
         change["rollout_enforce_eager"] = False
         effects.append("vLLM captures CUDA graphs, so each decode step is one graph launch instead of hundreds of "
@@ -144,10 +150,11 @@ def async_alternation(m: Measurements) -> Finding | None:
              f"others {even.mean():.1f} s: a ratio of {ratio:.1f})",
         change={},
         expected=no_knob(
-            "verl's colocate_async generates the next batch while this step trains; a step whose batch is not yet "
-            "generated waits for it, the next finds it ready (trainer.v1.colocate_async.num_warmup_batches, not a "
-            f"workbench knob). Judge this plan by the mean of a pair, {float(step.mean()):.1f} s here (the autopilot "
-            f"does): {ASYNC_EVIDENCE}; 1 × H200, 2026-11-30: 16.0 / 6.8 / 12.9 / 6.1 s."),
+            "verl's colocate_async lets the next batch's prompts decode beside this step's (it puts the rollout to "
+            "sleep while the GPUs train); a step whose batch is not yet generated waits for both, the next finds its "
+            "batch ready (trainer.v1.colocate_async.num_warmup_batches, not a workbench knob). Judge this plan by "
+            f"the mean of a pair, {float(step.mean()):.1f} s here (the autopilot does): {ASYNC_EVIDENCE}; "
+            "2026-11-30: 16.0 / 6.8 / 12.9 / 6.1 s."),
     )
 
 
@@ -160,8 +167,7 @@ def gpu_idle(m: Measurements) -> Finding | None:
         return None
     if m.knobs["trainer_mode"] == "sync":
         change = {"trainer_mode": "colocate_async"}
-        expected = ("Generation overlaps training and fills the gaps between phases (H200: 8.1 s a step with "
-                    "colocate_async against 11.6–15.5 s sync).")
+        expected = (f"Some shorter steps: {ASYNC_OVERLAP}, not the gaps between phases ({ASYNC_EVIDENCE}).")
     elif m.knobs["trainer_mode"] == "separate_async" and not m.knobs["hybrid_switch"]:
         change = {"hybrid_switch": True}
         expected = "Idle trainer GPUs are lent to rollout between updates, so they generate instead of waiting."
