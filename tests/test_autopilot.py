@@ -9,6 +9,7 @@ import json
 import threading
 import time
 
+import pandas as pd
 import pytest
 
 from tests import autopilot_recordings as recordings
@@ -292,6 +293,37 @@ def test_step_noise_is_the_mean_s_standard_error_or_the_recorded_floor():
     assert step_noise_s([27.43, 22.98]) == pytest.approx(2.225)
     # More steps, a smaller standard error (the floor shrinks as 1/sqrt(n) too).
     assert step_noise_s([14.5] * 4) == pytest.approx(STEP_NOISE_FLOOR * 14.5 * (2 / 4) ** 0.5)
+
+
+def test_a_colocate_async_pair_is_one_sample_of_the_step_noise():
+    """colocate_async alternates long and short steps by design (H200, 2026-12-02: 8.42 / 18.64 s): that difference
+    is the plan's pattern, not noise; read as noise it would be ±5.1 s and no model error could show past it."""
+    from workbench.autopilot import STEP_NOISE_FLOOR, step_noise_s
+
+    pair = pd.Series([8.42, 18.64], index=[7, 8])
+    assert step_noise_s(pair) == pytest.approx(abs(18.64 - 8.42) / 2)
+    assert step_noise_s(pair, alternating=True) == pytest.approx(STEP_NOISE_FLOOR * 13.53)
+    # Two pairs: the spread of their means (13.53 and 13.55 s here sits under the floor for four steps).
+    assert step_noise_s([8.42, 18.64, 8.5, 18.6], alternating=True) == pytest.approx(
+        STEP_NOISE_FLOOR * 13.54 * (2 / 4) ** 0.5)
+    # Pair means 13.0 and 16.0 s: their standard deviation (2.12 s) over sqrt(2).
+    assert step_noise_s([8.0, 18.0, 10.0, 22.0], alternating=True) == pytest.approx(1.5)
+
+
+def test_a_colocate_async_round_is_judged_by_its_pair_mean_against_the_band():
+    """The H200's colocate_async round (2026-12-02): 8.42 / 18.64 s, a pair mean of 13.53 s. Against the band the
+    model of before gave it (11.0 s, at most 12.4 s) it is past the band by far more than a pair's noise: the run
+    stops as the model being off; against today's (13.4 s, at most 15.3 s) it goes on."""
+    rollout = [finding("rollout-bound", {"trainer_mode": "colocate_async"}), finding("memory-headroom",
+                                                                                   {"actor_token_budget": 65536})]
+    before = ScriptedSession(rollout, script=[(20.62, 8.42, 18.64)], predicted=[(11.0, 12.4)], step_s=14.0)
+    result = Autopilot(before, max_rounds=2, budget_s=30).run()
+    assert "slower than predicted" in result.ended_because, result.ended_because
+    assert "13.5 s against at most 12.4 s + 0.4 s of step noise" in result.ended_because
+    now = ScriptedSession(rollout, script=[(20.62, 8.42, 18.64), (13.0, 12.9, 13.1)],
+                          predicted=[(13.4, 15.3), (12.9, 14.0)], step_s=14.0)
+    result = Autopilot(now, max_rounds=2, budget_s=30).run()
+    assert list(result.story["outcome"]) == ["kept", "kept"], result.ended_because
 
 
 def test_a_round_past_its_band_by_less_than_its_step_noise_goes_on():

@@ -16,7 +16,8 @@ It stops when no applicable finding is left, at the round or time budget, when `
 stops), or when a change came out slower than predicted by more than its band and the measurement's own noise (the
 model is off for this run: following it further is guesswork). The band already carries the basis segment's spread
 (workbench.predict); what it cannot carry is the noise of the few steps a round measures, so a round's mean counts
-as past its band only when it exceeds the band's top by more than that mean's standard error (`step_noise_s`). A paused session pauses it. Every round is a segment of the session; the
+as past its band only when it exceeds the band's top by more than that mean's standard error (`step_noise_s`;
+under colocate_async, whose steps alternate long and short, that of whole pairs). A paused session pauses it. Every round is a segment of the session; the
 story says what each one did and why.
 """
 
@@ -47,13 +48,16 @@ POLL_S = 0.2
 STEP_NOISE_FLOOR = 0.0275
 
 
-def step_noise_s(step_s) -> float:
+def step_noise_s(step_s, alternating: bool = False) -> float:
     """The standard error of the mean of `step_s` (seconds), at least the recorded H200 floor for that many steps
-    (STEP_NOISE_FLOOR for two, shrinking as 1/sqrt(n))."""
+    (STEP_NOISE_FLOOR for two, shrinking as 1/sqrt(n)). `alternating` (colocate_async): a long and a short step are
+    one sample, their difference the plan's pattern, not noise (8.42 / 18.64 s on the H200, 2026-12-02, would
+    otherwise read as ±5.1 s and hide any model error): the spread is that of the means of whole pairs."""
     steps = pd.Series(step_s, dtype=float).dropna()
     n, mean = len(steps), float(steps.mean())
     floor = STEP_NOISE_FLOOR * mean * math.sqrt(2 / n)
-    return max(floor, float(steps.std(ddof=1)) / math.sqrt(n)) if n > 1 else floor
+    samples = pd.Series(steps.to_numpy()[:n - n % 2].reshape(-1, 2).mean(axis=1)) if alternating else steps
+    return max(floor, float(samples.std(ddof=1)) / math.sqrt(len(samples))) if len(samples) > 1 else floor
 
 
 @dataclass(frozen=True)
@@ -159,8 +163,9 @@ class Autopilot:
         segments = self.session.segments()
         return int(segments["id"].max()) if len(segments) else 0
 
-    def _measured(self, segment_id: int) -> Measured | None:
-        """The segment's steps after its warm-up step, once there are `steps_per_round` of them."""
+    def _measured(self, segment_id: int, alternating: bool = False) -> Measured | None:
+        """The segment's steps after its warm-up step, once there are `steps_per_round` of them (`alternating`: a
+        colocate_async plan, its noise read from whole long/short pairs)."""
         steps = self.session.steps()
         steps = steps[steps["segment_id"] == segment_id].sort_values("step") if len(steps) else steps
         measured = steps.iloc[1:1 + self.steps_per_round]
@@ -169,15 +174,15 @@ class Autopilot:
         throughput = pd.to_numeric(measured.get("perf/throughput", pd.Series(dtype=float)), errors="coerce")
         step_s = pd.to_numeric(measured["timing_s/step"])
         return Measured(segment_id, tuple(int(s) for s in measured["step"]), float(step_s.mean()),
-                        float(throughput.mean()), step_noise_s(step_s))
+                        float(throughput.mean()), step_noise_s(step_s, alternating))
 
-    def _measure_newest(self, after_segment: int, what: str) -> Measured | None:
+    def _measure_newest(self, after_segment: int, what: str, alternating: bool) -> Measured | None:
         """Wait for a segment newer than `after_segment` and its measured steps; None if the run crashed first."""
         def ready():
             if self.session.state == "failed":
                 return "crashed"
             newest = self._newest_segment()
-            return (newest > after_segment and self._measured(newest)) or None
+            return (newest > after_segment and self._measured(newest, alternating)) or None
         outcome = self._wait(ready, what)
         return None if outcome == "crashed" else outcome
 
@@ -232,7 +237,8 @@ class Autopilot:
         if not applied and not crashed:
             r.outcome, r.why = "refused", message
             return baseline
-        result = None if crashed else self._measure_newest(before, "the change's measured steps")
+        alternating = {**in_force, **finding.change}.get("trainer_mode") == "colocate_async"
+        result = None if crashed else self._measure_newest(before, "the change's measured steps", alternating)
         r.segment_id = self._newest_segment()
         if result is None:
             return self._roll_back_crash(r, baseline)
