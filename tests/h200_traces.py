@@ -8,11 +8,13 @@ metric logging, well under a second)."""
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import functools
 import gzip
 import json
 import re
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -95,9 +97,10 @@ def frames(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 @functools.cache
 def packed_session(results_folder: str) -> Path:
     """The session directory a GPU campaign packed into bench/results/<results_folder>/campaign_recording.tar.gz,
-    unpacked once per process into a temporary folder (read it with Store(path, readonly=True)): real sessions kept
+    unpacked once per process into a temporary folder removed at exit (read it with Store(path, readonly=True)): real sessions kept
     with their results rather than among the bundled recordings, whose list drives the slow replay tests."""
     into = Path(tempfile.mkdtemp(prefix=f"{results_folder}-"))
+    atexit.register(shutil.rmtree, into, ignore_errors=True)
     with tarfile.open(RESULTS / results_folder / "campaign_recording.tar.gz") as packed:
         members = [m for m in packed.getmembers() if m.name.endswith(("session.sqlite", "session.sqlite-wal"))]
         packed.extractall(into, members=members, filter="data")
