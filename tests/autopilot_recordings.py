@@ -22,7 +22,7 @@ from workbench.store import SAMPLE_COLUMNS, Store
 H200_MIB = 143_771.0
 T0 = 1_800_000_000.0
 STARTUP_S = 15.0  # recorded start-up before a segment's first step
-STEPS = 10
+STEPS = 24  # a segment outlasts a loaded machine's advice and apply (~7 s at 10 steps of 20 s at speed 30: too short)
 PROMPTS, PROMPT_LEN, RESPONSE_LEN = 256, 46.0, 490.0
 QUICKSTART = {"gen": 10.0, "old_log_prob": 10.0, "values": 1.5, "adv": 0.1, "update_critic": 3.0,
               "update_actor": 35.0, "update_weights": 0.4}  # 60 s, the actor's update loop-bound

@@ -54,7 +54,7 @@ def test_a_change_keeps_the_least_any_of_its_knobs_keeps(runnable_plan, changes,
     assert judge_change(runnable_plan, changes, gpu_count=1, with_verl=False).keeps == keeps
 
 
-def test_the_knob_table_and_a_preview_say_what_a_restart_keeps(tmp_path, runnable_plan):
+def test_the_knob_table_and_a_preview_say_what_a_restart_keeps(tmp_path, runnable_plan, monkeypatch):
     from tests.test_engine_face import make_session_dir
     from workbench.session import Session
 
@@ -64,6 +64,20 @@ def test_the_knob_table_and_a_preview_say_what_a_restart_keeps(tmp_path, runnabl
     assert table.loc["trainer_mode", "keeps"] == KEEPS_SERVERS and table.loc["actor_token_budget", "keeps"] == ""
     assert session.preview({"ppo_mini_batch_size": 2}).keeps == KEEPS_ROLLOUT
     assert session.preview({"actor_token_budget": 6000}).keeps == ""
+    monkeypatch.setenv("WORKBENCH_IN_PLACE", "0")
+    assert session.preview({"ppo_mini_batch_size": 2}).keeps == RELAUNCH
+    store.close()
+
+
+def test_a_replays_preview_says_its_restart_is_the_recorded_relaunch(tmp_path, runnable_plan):
+    from tests.test_engine_face import make_session_dir
+    from workbench.recordings import BUNDLED
+    from workbench.session import Session
+
+    store = make_session_dir(tmp_path / "s", runnable_plan)
+    store.set_meta(kind="replay", recording=str(BUNDLED / "h200-proof"), speed=10)
+    preview = Session(tmp_path / "s").preview({"ppo_mini_batch_size": 2})
+    assert preview.mode == "restart" and preview.keeps == RELAUNCH
     store.close()
 
 
@@ -253,6 +267,7 @@ def test_a_change_verl_takes_in_place_is_sent_as_a_rebuild_and_resumes_on_the_ru
     assert payload["keeps"] == KEEPS_ROLLOUT and payload["command"] == command
     assert OmegaConf.create(payload["config_yaml"]).actor_rollout_ref.actor.ppo_mini_batch_size == 2
     assert store.command(command)["state"] == c.RESTARTING and supervisor.state() == c.RESTARTING
+    assert json.loads(store.command(command)["result"])["keeps"] == KEEPS_ROLLOUT  # what a handle says (keeps)
     pending = [e for e in store.rows("events") if e["kind"] == c.EV_RESTART_PENDING][-1]
     assert "rebuild verl in place (keeps the vLLM servers" in pending["text"]
     assert not store.commands_in([c.QUEUED], kinds=[c.RUNNER_CHECKPOINT_EXIT])
@@ -292,8 +307,9 @@ def test_a_rebuild_that_fails_before_verl_is_ready_is_relaunched_instead(supervi
 
 def test_a_change_only_new_processes_take_and_the_switch_off_are_relaunched(supervised, monkeypatch):
     supervisor, store, runs = supervised
-    _apply(supervisor, store, {"nccl_env": {"NCCL_P2P_DISABLE": "1"}})
+    relaunched = _apply(supervisor, store, {"nccl_env": {"NCCL_P2P_DISABLE": "1"}})
     assert store.commands_in([c.QUEUED], kinds=[c.RUNNER_CHECKPOINT_EXIT])
+    assert json.loads(store.command(relaunched)["result"])["keeps"] == RELAUNCH
     supervisor.run.rc = 0
     supervisor.check_run()  # the runner checkpointed and exited: relaunched
     assert len(runs) == 2
@@ -303,3 +319,22 @@ def test_a_change_only_new_processes_take_and_the_switch_off_are_relaunched(supe
     _apply(supervisor, store, {"ppo_mini_batch_size": 2})
     assert not store.commands_in([c.QUEUED], kinds=[c.RUNNER_REBUILD])
     assert len(store.commands_in([c.QUEUED], kinds=[c.RUNNER_CHECKPOINT_EXIT])) == 2
+
+
+# ------------------------------------------------------------------ what the page shows
+def test_the_changes_panel_follows_an_in_place_rebuild_by_its_own_stages():
+    import time
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from widgets.changes import ChangesPanel, Tracked
+
+    now = time.time()
+    events = pd.DataFrame([{"t": now + 1, "kind": c.EV_CHECKPOINT, "text": "checkpoint at step 2 (19.7 s)"},
+                           {"t": now + 2, "kind": c.EV_LAUNCHED, "text": "segment 2 rebuilt in place"}])
+    handle = SimpleNamespace(state="restarting", mode="restart", keeps=KEEPS_ROLLOUT, done=False, problems={},
+                             message="restarting: checkpoint at the next step boundary, then rebuild verl in place")
+    markup, _, done = ChangesPanel._progress(None, Tracked(handle, "LoRA alpha", pressed_at=now), handle, events)
+    assert "✓ checkpoint at the step boundary" in markup and "✓ rebuild verl in place with the new plan" in markup
+    assert "rebuilding verl in place:" in markup and "start-up took" not in markup and not done

@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
-from workbench.knob import KEEP_WORDS
+from workbench.knob import KEEP_WORDS, RELAUNCH
 from workbench.plan import PlanError
 
 from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
@@ -27,16 +27,24 @@ FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
 PLACEMENT_GROUP = "placement"
 PLAN_KEY = "plan"  # problems not tied to one knob
 HOT_WORDS = "hot: the runner applies it at the next step boundary, no restart"
-RESTART_WORDS = ("restart: checkpoint at the next step boundary → verl rebuilt in place with the new plan, keeping "
-                 "what the change leaves alone (~1–3 min on an H200), or relaunched where only new processes take it "
-                 "(~3–4 min) → resume from the checkpoint")
+RESTART_WORDS = ("restart: checkpoint at the next step boundary → relaunch verl with the new plan → verl start-up "
+                 "(~3–4 min on an H200) → resume from the checkpoint")
+IN_PLACE_WORDS = ("restart: checkpoint at the next step boundary → verl rebuilt in place with the new plan, keeping {} "
+                  "(~1–2 min on an H200) → resume from the checkpoint")
 # A restart's stages: the first three end with the event of that kind (newer than the Apply press), the last when the
 # handle says resumed.
 RESTART_STAGES = (
     ("checkpoint", "checkpoint at the step boundary"),
-    ("launched", "rebuild (or relaunch) verl with the new plan"),
+    ("launched", "relaunch verl with the new plan"),
     ("started", "verl start-up (Ray, models, rollout engine)"),
     ("resumed", "first resumed step"),
+)
+# An in-place rebuild's: its `launched` event opens the rebuilt segment, `started` says verl is ready again.
+IN_PLACE_STAGES = (
+    RESTART_STAGES[0],
+    ("launched", "rebuild verl in place with the new plan"),
+    ("started", "verl ready again (FSDP workers, checkpoint load, weights to the kept rollout)"),
+    RESTART_STAGES[-1],
 )
 HOT_STAGES = (("accepted", "accepted by the supervisor"), ("applied", "in force from the next step"))
 FAILED_STATES = ("refused", "not_applied")
@@ -171,8 +179,8 @@ class ChangesPanel:
                                [(d["knob"], as_text("", plain(d["before"])), as_text("", plain(d["after"])),
                                  d["apply"]) for d in p.diff], css="wb-table wb-diff-table"))
         if p is not None and p.ok:
-            words = HOT_WORDS if p.mode == "hot" else RESTART_WORDS + (
-                f"; this change keeps {KEEP_WORDS[p.keeps]}" if p.keeps in KEEP_WORDS else "")
+            words = (HOT_WORDS if p.mode == "hot" else RESTART_WORDS if p.keeps == RELAUNCH
+                     else IN_PLACE_WORDS.format(KEEP_WORDS[p.keeps]))
             parts.append(f"<div class='wb-will'>Apply will do — {html.escape(words)}</div>")
             for knob, text in (p.warnings or {}).items():
                 parts.append(f"<div class='wb-warning'>{esc(said_once(knob, text))}</div>")
@@ -282,11 +290,14 @@ class ChangesPanel:
             done = {name for name, _ in RESTART_STAGES[:-1] if name in kinds}
             if state == "resumed":
                 done |= {name for name, _ in RESTART_STAGES}
-            stages = _stage_list(RESTART_STAGES, done, failed)
+            relaunch = handle.keeps in ("", RELAUNCH)
+            stages = _stage_list(RESTART_STAGES if relaunch else IN_PLACE_STAGES, done, failed)
             if "launched" in done and "started" not in done and not failed:
-                launched_at = float(since[since["kind"] == "launched"]["t"].iloc[-1])
-                stages += (f"<div class='wb-muted'>verl start-up: {time.time() - launched_at:.0f} s so far "
-                           f"(a start-up took ~190–230 s on an H200)</div>") + self._startup_phases()
+                so_far = time.time() - float(since[since["kind"] == "launched"]["t"].iloc[-1])
+                stages += (f"<div class='wb-muted'>verl start-up: {so_far:.0f} s so far (a start-up took ~190–230 s "
+                           "on an H200)</div>" + self._startup_phases() if relaunch else
+                           f"<div class='wb-muted'>rebuilding verl in place: {so_far:.0f} s so far (34–37 s on an "
+                           "H200 with a 0.5B model)</div>")
             lost = since[since["kind"] == "not_resumed"]["text"].tolist() if len(since) else []
             latest = since.iloc[-1]["text"] if len(since) and not handle.done else ""
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
@@ -91,6 +92,15 @@ def judge_change(current: Plan, changes: dict[str, Any], *, gpu_count: int | Non
     return JudgedChange(new, diff, mode, restart_keeps(current, new, entries) if mode == "restart" else "")
 
 
+IN_PLACE_ENV = "WORKBENCH_IN_PLACE"
+
+
+def in_place_allowed() -> bool:
+    """Restart-class changes rebuild verl in place where they allow it, unless WORKBENCH_IN_PLACE=0 (every one is
+    then relaunched: to compare, or should a verl release break the rebuild)."""
+    return os.environ.get(IN_PLACE_ENV, "1") != "0"
+
+
 def restart_keeps(current: Plan, new: Plan, entries: list[dict[str, Any]]) -> str:
     """What a restart-class change leaves of the running verl (knob.REBUILD_KEEPS): the least any of its knobs keeps.
     A relaunch for a verl key no knob owns; from a trainer mode other than sync, whose rollout generates through the
@@ -106,10 +116,11 @@ def restart_keeps(current: Plan, new: Plan, entries: list[dict[str, Any]]) -> st
 
 
 def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, session_words: str | None,
-                   restart_pending: bool) -> tuple[Preview, Plan | None]:
+                   restart_pending: bool, in_place: bool = True) -> tuple[Preview, Plan | None]:
     """The preview rule: what applying `changes` would do (and the new plan), with the fast checks only.
     session_words: why no run takes changes (e.g. "session x is stopped: no run takes changes"), None while one
-    does."""
+    does. in_place: whether the session's run rebuilds verl in place where a restart allows (a replay plays the
+    recorded relaunch)."""
     changes = dict(changes) if isinstance(changes, dict) else changes
     if not isinstance(changes, dict) or not changes:
         return refusal(changes if isinstance(changes, dict) else {}, NO_CHANGE if not changes else
@@ -122,7 +133,8 @@ def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, sessio
         judged = judge_change(current, changes, gpu_count=gpu_count, with_verl=False)
     except PlanError as error:
         return Preview(changes, None, [], error.problems, messages=error.messages), None
-    return Preview(changes, judged.mode, judged.diff, {}, keeps=judged.keeps), judged.new
+    keeps = judged.keeps if (in_place and in_place_allowed()) or judged.mode != "restart" else RELAUNCH
+    return Preview(changes, judged.mode, judged.diff, {}, keeps=keeps), judged.new
 
 
 def unplayable(preview: Preview, offers: list[dict[str, Any]]) -> Preview:
@@ -167,8 +179,9 @@ HANDLE_FINAL = ("applied", "resumed", "refused", "not_applied")
 
 class ApplyResult:
     """A change on its way: `state` goes queued → accepted → applied (hot, at `step`), or queued → restarting →
-    resumed (restart, at `step`); or ends refused (`problems` keyed by knob) or not_applied (the run ended, crashed
-    or was stopped first; `message` says which). `refresh()` reads the newest state; `wait()` until done."""
+    resumed (restart, at `step`; `keeps`: what of the running verl it kept, knob.REBUILD_KEEPS: "relaunch" when
+    verl was relaunched); or ends refused (`problems` keyed by knob) or not_applied (the run ended, crashed or was
+    stopped first; `message` says which). `refresh()` reads the newest state; `wait()` until done."""
 
     def __init__(self, session: CommandSource, command_id: int, mode: str | None, changes: dict[str, Any]):
         self._session = session
@@ -177,6 +190,7 @@ class ApplyResult:
         self.changes = changes
         self.state = "queued"
         self.step: int | None = None
+        self.keeps = ""
         self.problems: dict[str, str] = {}
         self.message = "queued: waiting for the supervisor"
 
@@ -200,6 +214,7 @@ class ApplyResult:
         result = result if isinstance(result, dict) else {"message": str(result)} if result else {}
         self.mode = result.get("mode", self.mode)
         self.step = result.get("step", self.step)
+        self.keeps = result.get("keeps", self.keeps)
         what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items())
         if self.state in ("refused", "not_applied"):
             self.problems = dict(result.get("problems") or {PLAN_PROBLEM: result.get("message", "refused")})
@@ -208,7 +223,8 @@ class ApplyResult:
         elif self.state == "accepted":
             self.message = f"accepted: {what} applies at the next step boundary"
         elif self.state == "restarting":
-            self.message = f"restarting: checkpoint at the next step boundary, then relaunch with {what}"
+            then = "relaunch" if self.keeps in ("", RELAUNCH) else "rebuild verl in place"
+            self.message = f"restarting: checkpoint at the next step boundary, then {then} with {what}"
         elif self.state == "applied":
             self.message = f"applied hot: {what} from step {self.step}"
         elif self.state == "resumed":

@@ -118,15 +118,6 @@ class LiveRun(Run):
             self.ray.end_run_processes()  # its Ray workers are the cluster's children, not this run's
 
 
-IN_PLACE_ENV = "WORKBENCH_IN_PLACE"
-
-
-def in_place_allowed() -> bool:
-    """Restart-class changes rebuild verl in place where they allow it, unless WORKBENCH_IN_PLACE=0 (every one is
-    then relaunched: to compare, or should a verl release break the rebuild)."""
-    return os.environ.get(IN_PLACE_ENV, "1") != "0"
-
-
 def restart_environment(previous: Plan, new: Plan, session_dir: Path, checkpoint_step: int | None) -> tuple[dict[str, str], list[str]]:
     """What a relaunch must do differently to resume, and what it can't carry over (said to the user)."""
     env: dict[str, str] = {}

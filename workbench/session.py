@@ -233,12 +233,11 @@ class Session:
         """What applying `changes` would do (mode, diff against the plan in force, problems keyed by knob), with
         the fast checks (knob types and ranges, budgets, batch divisibility, placement); nothing is queued and
         nothing raises for bad values. verl's own config check runs once, in the supervisor, when you apply."""
-        state = self.state
+        state, kind = self.state, self.kind
         preview, new = preview_change(
-            self.plan, changes, gpu_count=self.meta.get("gpu_count"),
-            session_words=closed_words(self.id, state, self.kind) if state in c.ENDED_STATES else None,
+            self.plan, changes, gpu_count=self.meta.get("gpu_count"), in_place=not kind.is_replay,
+            session_words=closed_words(self.id, state, kind) if state in c.ENDED_STATES else None,
             restart_pending=bool(self._store.commands_in([c.RESTARTING], kinds=[c.APPLY])))
-        kind = self.kind
         if new is not None and kind.is_replay and not recorded_plans(kind.recording).takes(new):
             return unplayable(preview, self.recorded_changes())
         return with_prediction(preview, self._predict(new.knob_values())) if new is not None else preview

@@ -38,12 +38,12 @@ from . import control as c
 from . import verl_config
 from omegaconf import OmegaConf
 
-from .handles import judge_change
+from .handles import in_place_allowed, judge_change
 from .knob import KEEP_WORDS, RELAUNCH
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .procs import end_child
-from .runs import (OOM_SCAN_LINES, LiveRun, Run, checkpoint_bytes, in_place_allowed, log_tail, looks_like_oom,
-                   machine_meta, restart_environment, traceback_tail)
+from .runs import (OOM_SCAN_LINES, LiveRun, Run, checkpoint_bytes, log_tail, looks_like_oom, machine_meta,
+                   restart_environment, traceback_tail)
 from .ray_cluster import SessionRayCluster
 from .store import Store, StoreError
 
@@ -213,7 +213,8 @@ class Supervisor:
             self.directive(c.RUNNER_CHECKPOINT_EXIT, {})
             then = "then relaunch"
         self.set_state(c.RESTARTING)
-        self.store.finish_command(command_id, c.RESTARTING, {**answer, "keeps": judged.keeps}, final=False)
+        self.store.finish_command(command_id, c.RESTARTING,
+                                  {**answer, "keeps": judged.keeps if self.pending_in_place else RELAUNCH}, final=False)
         self.store.add_event(
             c.EV_RESTART_PENDING,
             f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, {then}",
