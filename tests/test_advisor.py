@@ -244,7 +244,10 @@ def test_reference_run_is_rollout_bound_and_gets_colocate_async(advised):
     assert "rollout_gpu_memory" not in f.change
     assert f.evidence["kv_cache_tokens"] > 100 * f.evidence["kv_tokens_needed"] == 100 * 64 * 512
     assert "rollout memory stays at 0.4" in f.expected and "KV cache holds" in f.expected
-    assert f.change["rollout_max_batched_tokens"] == 64 * 256
+    # Its prompts are at most 55 tokens (verl's prompt_length/max): 64 of them (3 520 tokens) prefill in one pass of
+    # vLLM's 8 192 batched tokens. The 256-token limit once made the rule double them to 16 384: a rollout change
+    # that bought nothing and made the restart rebuild the rollout engine.
+    assert "rollout_max_batched_tokens" not in f.change
     # colocate_async shares the GPU with training: the offer quotes its measured pair mean (13.5 s against sync's
     # 14.0 s, H200 2026-12-02), not a short step of the pair (8.1 s until then, which read as a 40 % gain).
     assert "48%" in f.evidence_text and "13.5 s" in f.expected and "does not overlap training" in f.expected
@@ -555,3 +558,16 @@ def test_a_range_whose_ends_read_the_same_is_said_as_one_value():
     assert value_range(pd.Series([0.0201, 0.0199]), ".1%") == "2.0%"
     assert value_range(pd.Series([0.013, 0.018]), ".1%") == "1.3%–1.8%"
     assert value_range(pd.Series([38.3, 40.9]), ".1f", " s") == "38.3–40.9 s"
+
+
+def test_batched_tokens_grow_only_as_far_as_the_measured_prompts_need(advised):
+    """The same rule where the prompts do fill more than vLLM's batched tokens: sized by their measured longest."""
+    from workbench.advice.core import measurements
+    from workbench.advice.generation import rollout_bound
+
+    steps, samples = recording("run")
+    knobs = advised.knobs("run")
+    long_prompts = steps.assign(**{"prompt_length/max": 200.0})  # SYNTHETIC: the run's steps with longer prompts
+    f = rollout_bound(measurements(long_prompts, samples, knobs, segment_id=1))
+    assert f.change["rollout_max_batched_tokens"] == min(64 * 200, 2 * knobs["rollout_max_batched_tokens"])
+    assert "12,800 tokens at their longest" in f.expected

@@ -44,11 +44,17 @@ def rollout_bound(m: Measurements) -> Finding | None:
         change["rollout_max_num_seqs"] = sequences
         effects.append(f"all {sequences} prompts of a step decode at once instead of in waves of "
                        f"{m.knobs['rollout_max_num_seqs']}")
-    batch_prompt_tokens = int(m.knobs["train_batch_size"]) * int(m.knobs["max_prompt_length"])
+    # What a step's prompts prefill, from their measured lengths where verl logged them (a 256-token limit held
+    # prompts of at most 55 tokens on the H200 runs): a larger batch than that buys nothing, and its change would
+    # rebuild the rollout engine (a rollout knob: a costlier restart).
+    prompts = m.metric("prompt_length/max")
+    longest_prompt = int(prompts.max()) if len(prompts) else int(m.knobs["max_prompt_length"])
+    batch_prompt_tokens = int(m.knobs["train_batch_size"]) * longest_prompt
     batched = m.knobs["rollout_max_batched_tokens"]
     if batched is not None and batched < batch_prompt_tokens:
         change["rollout_max_batched_tokens"] = min(batch_prompt_tokens, 2 * int(batched))
-        effects.append("the batch's prompts prefill in fewer engine passes")
+        effects.append(f"the batch's prompts ({batch_prompt_tokens:,} tokens at their longest) prefill in fewer "
+                       "engine passes")
     memory = float(m.knobs["rollout_gpu_memory"])
     kv = _kv_cache(m, change)
     raised = _rollout_memory_room(m, change, kv)
