@@ -81,6 +81,14 @@ def test_a_replays_preview_says_its_restart_is_the_recorded_relaunch(tmp_path, r
     store.close()
 
 
+def test_a_plan_holding_credentials_is_relaunched(runnable_plan):
+    """Credentials travel to the runner process only (redact.py): the TaskRunner that rebuilds verl has none."""
+    from workbench.plan import Plan
+
+    with_key = Plan.from_verl([*runnable_plan.to_overrides(), "+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=x1"])
+    assert judge_change(with_key, {"ppo_mini_batch_size": 2}, gpu_count=1, with_verl=False).keeps == RELAUNCH
+
+
 def test_a_change_from_an_async_trainer_mode_is_relaunched(runnable_plan):
     """colocate_async generates through the step boundary: its partial rollouts are re-issued by a relaunch's resume."""
     async_plan = runnable_plan.with_changes({"trainer_mode": "colocate_async"})

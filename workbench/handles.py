@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
+from omegaconf import OmegaConf
+
 from . import control as c
+from . import redact
 from .knob import RELAUNCH, least_kept
 from .knobs import KNOBS
 from .plan import PLAN_PROBLEM, Plan, PlanError
@@ -103,7 +106,8 @@ def in_place_allowed() -> bool:
 
 def restart_keeps(current: Plan, new: Plan, entries: list[dict[str, Any]]) -> str:
     """What a restart-class change leaves of the running verl (knob.REBUILD_KEEPS): the least any of its knobs keeps.
-    A relaunch for a verl key no knob owns; from a trainer mode other than sync, whose rollout generates through the
+    A relaunch for a verl key no knob owns; for a plan holding credentials (the TaskRunner, which rebuilds, is not
+    handed them); from a trainer mode other than sync, whose rollout generates through the
     step boundary (partial rollouts in flight: a relaunch's resume re-issues them, as verl designed); and to
     separate_async (standalone rollout replicas on GPUs of their own). The in-place rebuild was proven from sync, on
     one GPU's colocated replicas (bench/gpu/inplace_probe.py)."""
@@ -111,6 +115,8 @@ def restart_keeps(current: Plan, new: Plan, entries: list[dict[str, Any]]) -> st
         return RELAUNCH
     if current.knob_values()["trainer_mode"] != "sync" or new.knob_values()["trainer_mode"] == "separate_async":
         return RELAUNCH
+    if redact.placeholders(OmegaConf.to_container(new.config, resolve=False)):
+        return RELAUNCH  # credentials travel to the runner process only (redact.py), not to its TaskRunner
     return least_kept(*(KNOBS[entry["knob"]].runner.keeps for entry in entries
                         if entry["knob"] is not None and entry["apply"] == "restart"))
 
