@@ -145,7 +145,7 @@ def test_gpu_campaign_refuses_an_unknown_workload_in_words(tmp_path):
 def test_gpu_campaign_refuses_unknown_parts_in_words(tmp_path):
     from bench.gpu.campaign import Campaign
 
-    with pytest.raises(ValueError, match=r"parts 'hot': choose from all, restart, probe"):
+    with pytest.raises(ValueError, match=r"parts 'hot': choose from all, restart, probe, overhead"):
         Campaign(tmp_path, replay=True, budget_s=60, steps_before=2, plain_steps=3, assets=tmp_path, machine="x",
                  parts="hot")
 
@@ -179,3 +179,26 @@ def test_probe_figures_time_each_rebuild_from_its_boundary_to_its_first_step():
     assert kept["steps_after_s"] == [20.0, 15.0]
     assert "value" not in failed and fig["best_ratio"] == round(69.0 / 200.0, 3)
     assert fig["cold_phases_s"]["TransferQueue ready ->"] == 110.0
+
+
+def test_overhead_ab_pools_the_alternating_runs_and_keeps_each_runs_medians():
+    """SYNTHETIC rows in the shapes the campaign reads (a session's per-step frame, plain verl's file-logger data):
+    the arithmetic of the alternating comparison."""
+    import pandas as pd
+
+    from bench.gpu.campaign import overhead_ab_figures
+
+    def session(steps):
+        return pd.DataFrame({"step": range(2, 2 + len(steps)), "step_s": [s for s, _ in steps],
+                             "gen_s": [g for _, g in steps]})
+
+    def plain(steps):
+        return [{"training/global_step": i, "timing_s/step": s, "timing_s/gen": g}
+                for i, (s, g) in enumerate(steps, start=2)]
+
+    fig = overhead_ab_figures([session([(14.0, 6.0), (14.4, 6.0)]), session([(13.8, 5.6), (14.2, 6.0)])],
+                              [plain([(16.0, 8.0), (16.2, 8.0)]), plain([(15.9, 8.1)])])
+    assert fig["ratio"] == pytest.approx(8.2 / 8.0)  # medians of 8.0, 8.4, 8.2, 8.2 and of 8.0, 8.2, 7.8
+    assert [(r["side"], r["steps"]) for r in fig["details"]["runs"]] == [
+        ("session", 2), ("plain", 2), ("session", 2), ("plain", 1)]
+    assert fig["details"]["runs"][1]["median_step_minus_gen_s"] == pytest.approx(8.1)

@@ -24,6 +24,7 @@ usage (GPU machine, repo root, after `source /root/gpu-env.sh`):  python3 bench/
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -88,7 +89,9 @@ WORKLOADS = {
 # what `parts="restart"` starts from, so that a cold start and a restart fit in what a lease has left.
 ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_budget": 32768,
                "ref_token_budget": 32768, "gradient_checkpointing": False}
-PARTS = ("all", "restart", "probe")
+PARTS = ("all", "restart", "probe", "overhead")
+AB_STEPS = 6  # steps of each run of the overhead A/B (the first one, with start-up work, left out)
+AB_RUN_NEEDS_S = 380  # one run: cold start ~270 s, then the steps (~14 s each on the 0.5b round-1 plan)
 # The restart-class changes `parts="restart"` applies in turn (label = what verl's in-place rebuild keeps, the change,
 # the seconds it needs; bench/results/h200_2026-12-02_probe/: 75 / 115 / 174 s boundary -> first step in plain verl):
 # the critic's LoRA alpha while it has no LoRA (rank 0: a change no step reads, the restart machinery alone, as the
@@ -553,6 +556,8 @@ class Campaign:
             return self.restart_only()
         if self.parts == "probe":
             return self.probe_only()
+        if self.parts == "overhead":
+            return self.overhead_ab()
         a, c = WORKLOADS["1.5b"], WORKLOADS["0.5b"]
         assets_c = self.prepare_assets(c) if c.name in self.workloads else None
         if a.name not in self.workloads:
@@ -668,6 +673,46 @@ class Campaign:
                         "bench/gpu/inplace_probe.py's TaskRunner, no workbench session; the raw stamps are in "
                         "inplace_probe_raw.json")
 
+    def overhead_ab(self) -> None:
+        """(o) The session against plain `python3 -m verl.trainer.main_ppo` on the same plan (0.5b, the autopilot's
+        round-1 plan), alternating session, plain, session, plain while the budget lasts (issue 17 asks for
+        alternating runs): AB_STEPS steps each -> overhead_ab.json, (step - gen) and whole-step medians of all runs
+        of a side, and each run's own."""
+        base = WORKLOADS["0.5b"]
+        wl = Workload(base.name, base.shape, {**base.knobs, **ROUND1_0_5B}, base.n_train, base.replay)
+        self.steps_before = AB_STEPS
+        sessions, plains, overrides = [], [], None
+        for number, side in enumerate(("session", "plain", "session", "plain"), start=1):
+            if self.left() < AB_RUN_NEEDS_S:
+                self.log(f"o{number} {side} skipped: {self.left():.0f} s left, a run needs {AB_RUN_NEEDS_S}")
+                break
+            if side == "session":
+                if not self.part(f"o{number} session, {AB_STEPS} steps", self.start, wl):
+                    break
+                s = self.session
+                overrides = overrides or plain_overrides(s.export("overrides", segment=1), steps=AB_STEPS)
+                sessions.append(segment_steps(per_step(s.steps(), s.samples(), gpus=[0]), 1))
+                self.part(f"o{number} stop", self.stop_session)
+            else:
+                run = self.out / f"plain{number}"
+                run.mkdir(exist_ok=True)
+                rc = self.run_plain(f"o{number} plain verl", [sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
+                                    run, {**self.plain_env(), "VERL_FILE_LOGGER_PATH": str(run / "metrics.jsonl")})
+                metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()] \
+                    if (run / "metrics.jsonl").exists() else []
+                plains.append([m["data"] for m in metrics if m["step"] > 1])
+                self.log(f"o{number} plain verl: rc {rc}, {len(plains[-1])} steps")
+        if not sessions or not any(plains):
+            raise RuntimeError(f"nothing to compare: {len(sessions)} session runs, {len(plains)} plain runs")
+        (self.out / "plain_overrides.txt").write_text("\n".join(overrides) + "\n")
+        fig = overhead_ab_figures(sessions, plains)
+        self.save("overhead_ab", value=round(fig["ratio"], 4), unit="x (step - gen) time, session / plain verl",
+                  goal="<= 1.01", plan_overrides=overrides, repetitions=fig["repetitions"], details=fig["details"],
+                  notes="runs alternating session, plain, session, plain on one GPU, the same exported plan; value: "
+                        "median (timing_s/step - timing_s/gen) of all session steps / of all plain verl steps, the "
+                        "first step of each run left out; details.runs: each run's own medians")
+        self.log("DONE")
+
     def second_workload(self, wl: Workload) -> None:
         rounds = self.autopilot(wl, max_rounds=max(1, int((self.left() - 60) // ROUND_NEEDS_S)))
         for r in rounds:
@@ -696,6 +741,25 @@ def overhead_figures(tuned: pd.DataFrame, plain_rows: list[dict]) -> dict:
                     "session_median_step_s": median(sess_step), "plain_median_step_s": median(plain_step),
                     "ran": {"session": len(sess_step), "plain": len(plain_step)}},
     }
+
+
+def overhead_ab_figures(sessions: list[pd.DataFrame], plains: list[list[dict]]) -> dict:
+    """overhead_figures over every run of each side pooled, and each run's medians in the order they ran."""
+    fig = overhead_figures(pd.concat(sessions, ignore_index=True), [row for run in plains for row in run])
+    runs = []
+    for session, plain in itertools.zip_longest(sessions, plains):
+        for side, rows in (("session", session), ("plain", plain)):
+            if rows is None or not len(rows):
+                continue
+            if side == "session":
+                step, rest = list(rows["step_s"]), list(rows["step_s"] - rows["gen_s"])
+            else:
+                step = [r["timing_s/step"] for r in rows]
+                rest = [r["timing_s/step"] - r.get("timing_s/gen", 0.0) for r in rows]
+            runs.append({"side": side, "steps": len(step), "median_step_s": median(step),
+                         "median_step_minus_gen_s": median(rest)})
+    fig["details"]["runs"] = runs
+    return fig
 
 
 def probe_figures(data: dict) -> dict:
