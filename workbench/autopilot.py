@@ -17,8 +17,8 @@ stops), or when a change came out slower than predicted by more than its band an
 model is off for this run: following it further is guesswork). The band already carries the basis segment's spread
 (workbench.predict); what it cannot carry is the noise of the few steps a round measures, so a round's mean counts
 as past its band only when it exceeds the band's top by more than that mean's standard error (`step_noise_s`;
-under colocate_async, whose steps alternate long and short, that of whole pairs). A paused session pauses it. Every round is a segment of the session; the
-story says what each one did and why.
+under colocate_async, whose steps alternate long and short, that of whole pairs). A paused session pauses it.
+Every round is a segment of the session; the story says what each one did and why.
 """
 
 from __future__ import annotations

@@ -80,10 +80,11 @@ class JudgedChange:
 
 
 def judge_change(current: Plan, changes: dict[str, Any], *, gpu_count: int | None,
-                 with_verl: bool) -> JudgedChange:
+                 with_verl: bool, in_place: bool = True) -> JudgedChange:
     """Validate `changes` on top of `current`, diff and classify them; PlanError (problems keyed by knob) for a
     bad change or one that changes nothing. with_verl: also run verl's own config check (seconds: the supervisor
-    does it once, for a live run)."""
+    does it once, for a live run). in_place: whether the run rebuilds verl in place where a restart allows it (a
+    replay plays the recorded relaunch); a restart's `keeps` is RELAUNCH where it doesn't."""
     new = current.with_changes(changes)
     new.validate(gpu_count=gpu_count, with_verl=with_verl)
     entries = current.diff(new)
@@ -92,7 +93,10 @@ def judge_change(current: Plan, changes: dict[str, Any], *, gpu_count: int | Non
     if not diff:
         raise PlanError([NO_CHANGE])
     mode = "restart" if any(entry["apply"] == "restart" for entry in entries) else "hot"
-    return JudgedChange(new, diff, mode, restart_keeps(current, new, entries) if mode == "restart" else "")
+    if mode == "hot":
+        return JudgedChange(new, diff, mode)
+    keeps = restart_keeps(current, new, entries) if in_place and in_place_allowed() else RELAUNCH
+    return JudgedChange(new, diff, mode, keeps)
 
 
 IN_PLACE_ENV = "WORKBENCH_IN_PLACE"
@@ -125,8 +129,7 @@ def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, sessio
                    restart_pending: bool, in_place: bool = True) -> tuple[Preview, Plan | None]:
     """The preview rule: what applying `changes` would do (and the new plan), with the fast checks only.
     session_words: why no run takes changes (e.g. "session x is stopped: no run takes changes"), None while one
-    does. in_place: whether the session's run rebuilds verl in place where a restart allows (a replay plays the
-    recorded relaunch)."""
+    does. in_place: as judge_change's."""
     changes = dict(changes) if isinstance(changes, dict) else changes
     if not isinstance(changes, dict) or not changes:
         return refusal(changes if isinstance(changes, dict) else {}, NO_CHANGE if not changes else
@@ -136,11 +139,10 @@ def preview_change(current: Plan, changes: Any, *, gpu_count: int | None, sessio
     if restart_pending:
         return refusal(changes, "a restart-class change is on its way; wait until it has resumed"), None
     try:
-        judged = judge_change(current, changes, gpu_count=gpu_count, with_verl=False)
+        judged = judge_change(current, changes, gpu_count=gpu_count, with_verl=False, in_place=in_place)
     except PlanError as error:
         return Preview(changes, None, [], error.problems, messages=error.messages), None
-    keeps = judged.keeps if (in_place and in_place_allowed()) or judged.mode != "restart" else RELAUNCH
-    return Preview(changes, judged.mode, judged.diff, {}, keeps=keeps), judged.new
+    return Preview(changes, judged.mode, judged.diff, {}, keeps=judged.keeps), judged.new
 
 
 def unplayable(preview: Preview, offers: list[dict[str, Any]]) -> Preview:

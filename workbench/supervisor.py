@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from . import checkpoints
 from . import control as c
 from . import verl_config
-from omegaconf import OmegaConf
-
-from .handles import in_place_allowed, judge_change
+from .handles import judge_change
 from .knob import KEEP_WORDS, RELAUNCH
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .procs import end_child
@@ -190,7 +190,7 @@ class Supervisor:
         if not payload.get("changes"):
             raise PlanError([f"{PLAN_PROBLEM}: no change given"])
         judged = judge_change(self.current_plan(), payload["changes"], gpu_count=payload.get("gpu_count"),
-                              with_verl=isinstance(run, LiveRun))
+                              with_verl=isinstance(run, LiveRun), in_place=run.rebuilds_in_place)
         new, mode, changes = judged.new, judged.mode, judged.changes
         reason = run.cannot_apply(new)
         if reason:
@@ -201,7 +201,7 @@ class Supervisor:
             self.store.finish_command(command_id, c.ACCEPTED, answer, final=False)
             return
         self.pending_plan, self.pending_command = new, command_id
-        self.pending_in_place = run.rebuilds_in_place and judged.keeps != RELAUNCH and in_place_allowed()
+        self.pending_in_place = judged.keeps != RELAUNCH
         if self.pending_in_place:
             env, losses = restart_environment(self.current_plan(), new, self.dir, checkpoint_step=None)
             self.resuming = (command_id, None, self.store.max_id("events"))  # the runner numbers the new segment
@@ -213,8 +213,7 @@ class Supervisor:
             self.directive(c.RUNNER_CHECKPOINT_EXIT, {})
             then = "then relaunch"
         self.set_state(c.RESTARTING)
-        self.store.finish_command(command_id, c.RESTARTING,
-                                  {**answer, "keeps": judged.keeps if self.pending_in_place else RELAUNCH}, final=False)
+        self.store.finish_command(command_id, c.RESTARTING, {**answer, "keeps": judged.keeps}, final=False)
         self.store.add_event(
             c.EV_RESTART_PENDING,
             f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, {then}",
@@ -242,17 +241,19 @@ class Supervisor:
         if self.resuming is None:
             return
         command_id, segment_id, seen = self.resuming
-        command = self.store.command(command_id)
-        if command["state"] == c.NOT_APPLIED:  # the runner refused the rebuild (its checkpoint failed): nothing changed
+        if self.pending_in_place and self.store.command(command_id)["state"] == c.NOT_APPLIED:
+            # the runner refused the rebuild (its checkpoint failed): nothing changed, the run goes on
             self.pending_plan = self.pending_command = None
             self.pending_in_place, self.resuming = False, None
             self.set_state(c.RUNNING)
             return
         for event in self.store.rows("events", since_id=seen):
-            # A rebuild in place numbers its segment itself: the first start after the Apply is the change's.
-            if event["kind"] == c.EV_STARTED and event["data"].get("segment") == (segment_id or event["data"].get("segment")):
-                answer = json.loads(command["result"]) if command["result"] else {}
-                step, segment = event["data"].get("first_step"), event["data"].get("segment")
+            # A rebuild in place numbers its segment itself (segment_id None): the first start after the Apply.
+            segment = event["data"].get("segment")
+            if event["kind"] == c.EV_STARTED and (segment_id is None or segment == segment_id):
+                result = self.store.command(command_id)["result"]
+                answer = json.loads(result) if result else {}
+                step = event["data"].get("first_step")
                 self.store.finish_command(command_id, c.RESUMED, {**answer, "step": step, "segment": segment})
                 self.resuming = None
                 if self.pending_in_place:
