@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
 from omegaconf import OmegaConf
@@ -18,8 +19,8 @@ from workbench import checkpoints
 from workbench import control as c
 from workbench.boundary import StepBoundary
 from workbench.handles import judge_change
-from workbench.knob import (KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_SERVERS, REBUILD_KEEPS, RELAUNCH, RunnerPath,
-                            least_kept)
+from workbench.knob import (KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_TRAINER, REBUILD_KEEPS, RELAUNCH,
+                            RunnerPath, checkpoints_first, least_kept)
 from workbench.knobs import KNOBS
 from workbench.runs import Run
 from workbench.store import Store
@@ -41,6 +42,20 @@ def test_every_restart_knob_says_what_a_rebuild_keeps_and_no_hot_knob_does():
     # only new processes take a new environment or other GPUs
     assert {KNOBS[k].runner.keeps for k in ("nccl_env", "gpus", "critic_gpus")} == {RELAUNCH}
     assert least_kept(KEEPS_ROLLOUT, KEEPS_PROCESSES, KEEPS_SERVERS) == KEEPS_PROCESSES
+    # the rollout engine's settings keep the trainer's workers; its parallelism shapes those workers' adapters
+    assert {KNOBS[k].runner.keeps for k in ("rollout_gpu_memory", "rollout_max_num_seqs", "rollout_max_batched_tokens",
+                                            "rollout_enforce_eager")} == {KEEPS_TRAINER}
+    assert KNOBS["rollout_tp"].runner.keeps == KEEPS_PROCESSES
+
+
+def test_what_several_changes_keep_is_what_each_of_them_keeps():
+    assert least_kept(KEEPS_TRAINER, KEEPS_TRAINER) == KEEPS_TRAINER
+    assert least_kept(KEEPS_ROLLOUT, KEEPS_SERVERS) == KEEPS_SERVERS
+    # a rollout setting rebuilds the rollout, a LoRA critic or a trainer mode the trainer: only the processes stay
+    assert least_kept(KEEPS_TRAINER, KEEPS_ROLLOUT) == KEEPS_PROCESSES
+    assert least_kept(KEEPS_SERVERS, KEEPS_TRAINER) == KEEPS_PROCESSES
+    assert least_kept(KEEPS_TRAINER, RELAUNCH) == RELAUNCH
+    assert [k for k in REBUILD_KEEPS if not checkpoints_first(k)] == [KEEPS_TRAINER]
 
 
 @pytest.mark.parametrize("changes, keeps", [
@@ -48,6 +63,9 @@ def test_every_restart_knob_says_what_a_rebuild_keeps_and_no_hot_knob_does():
     ({"critic_lora_rank": 8}, KEEPS_ROLLOUT),
     ({"trainer_mode": "colocate_async"}, KEEPS_SERVERS),
     ({"ppo_mini_batch_size": 2, "rollout_max_num_seqs": 128}, KEEPS_PROCESSES),
+    ({"rollout_max_num_seqs": 128, "rollout_gpu_memory": 0.45}, KEEPS_TRAINER),
+    ({"rollout_gpu_memory": 0.45, "max_prompt_length": 77}, KEEPS_PROCESSES),
+    ({"rollout_gpu_memory": 0.45, "trainer_mode": "colocate_async"}, KEEPS_PROCESSES),
     ({"ppo_mini_batch_size": 2, "nccl_env": {"NCCL_P2P_DISABLE": "1"}}, RELAUNCH),
 ])
 def test_a_change_keeps_the_least_any_of_its_knobs_keeps(runnable_plan, changes, keeps):
@@ -98,9 +116,9 @@ def test_a_change_from_an_async_trainer_mode_is_relaunched(runnable_plan):
 
 
 # ------------------------------------------------------------------ the step boundary
-def _rebuild_directive(store: Store, plan, user: int, losses=()) -> None:
+def _rebuild_directive(store: Store, plan, user: int, losses=(), keeps=KEEPS_ROLLOUT) -> None:
     store.put_command(c.RUNNER_REBUILD, c.signed(TOKEN, c.RUNNER_REBUILD, {
-        "plan_json": plan.to_json(), "config_yaml": OmegaConf.to_yaml(plan.config), "keeps": KEEPS_ROLLOUT,
+        "plan_json": plan.to_json(), "config_yaml": OmegaConf.to_yaml(plan.config), "keeps": keeps,
         "env": {}, "losses": list(losses), "command": user}))
 
 
@@ -125,6 +143,26 @@ def test_the_boundary_checkpoints_then_opens_the_segment_verl_is_rebuilt_for(tmp
     assert launched["data"]["in_place"] is True and launched["data"]["segment"] == segment + 1
     assert "rebuilt in place" in launched["text"] and "keeps the vLLM servers" in launched["text"]
     assert launched["text"].endswith("step 4; pruned")
+    store.close()
+
+
+def test_a_rebuild_that_keeps_the_trainer_writes_no_checkpoint(tmp_path, runnable_plan):
+    """The trainer's workers keep their models and optimizer states: only the rollout is rebuilt, the run goes on from
+    the step it ended on."""
+    store = Store(tmp_path)
+    segment = store.begin_segment(runnable_plan.to_json())
+    saved, rebuilt = [], []
+    boundary = StepBoundary(store, segment, hot_apply=None, checkpoint=lambda step: saved.append(step) or "",
+                            end_run=lambda: None, token=TOKEN,
+                            rebuild=lambda payload, seg: rebuilt.append((payload["keeps"], seg)) or "")
+    _rebuild_directive(store, runnable_plan.with_changes({"rollout_max_num_seqs": 64}), store.put_command(c.APPLY, {}),
+                       keeps=KEEPS_TRAINER)
+    assert boundary(4) is True and saved == [] and rebuilt == [(KEEPS_TRAINER, segment + 1)]
+    assert store.segment(segment + 1)["resumed_from_step"] == 4
+    events = store.rows("events")
+    assert [e["kind"] for e in events] == [c.EV_LAUNCHED]
+    assert "keeps the FSDP workers" in events[0]["text"] and "no checkpoint" in events[0]["text"]
+    assert "going on after step 4" in events[0]["text"]
     store.close()
 
 
@@ -169,6 +207,25 @@ def test_the_trainer_leaves_its_taskrunner_the_new_config_and_keeps_the_newest_c
 
 
 # ------------------------------------------------------------------ the rebuild's config and kept rollout
+def test_a_trainer_kept_through_a_rebuild_fits_on_from_the_step_it_ended_on(runnable_plan):
+    """verl's fit loop counts one step past the last it ran and fit counts it again: the kept trainer's next fit
+    begins at the step after the boundary, with the run's planned length and a dump executor again."""
+    from tests.test_runner_boundary import _trainer
+
+    trainer = _trainer(runnable_plan)
+    executors = []
+    trainer._init_dump_executor = lambda: executors.append("new")
+    trainer.global_steps, trainer.total_training_steps = 4, 100
+    trainer._wb_end_run()  # the boundary after step 4
+    assert trainer.total_training_steps == 4
+    trainer.global_steps += 1  # verl's loop, after the step, before it ends
+    trainer.wb_rebuild_request = {"keeps": KEEPS_TRAINER}
+    trainer._wb_resume_fit()
+    assert (trainer.global_steps, trainer.total_training_steps) == (4, 100)
+    assert trainer.wb_rebuild_request is None and executors == ["new"]
+
+
+
 def test_a_rebuild_runs_the_new_segment_with_only_its_own_change_environment(tmp_path, runnable_plan, monkeypatch):
     from workbench.runner.rebuild import config_for
 
@@ -221,6 +278,113 @@ def test_the_kept_rollout_is_handed_to_verls_trainer_bound_to_the_new_workers():
     assert servers is Owner.llm_server_manager and reward is Owner.reward_loop_manager
     assert [r.workers for r in servers.replicas] == [["new worker 0"], ["new worker 1"]]
     assert (trainer_base.LLMServerManager, trainer_base.RewardLoopManager) == originals
+
+
+class FakeActor:
+    """A Ray actor handle's face to the rebuild: `__ray_call__.remote(fn)` runs fn on `target` here."""
+
+    def __init__(self, name, target=None):
+        self.name, self.target = name, target
+        self.__ray_call__ = types.SimpleNamespace(remote=lambda fn: fn(self.target))
+
+    def __repr__(self):
+        return self.name
+
+
+@pytest.fixture
+def kept_trainer(tmp_path, runnable_plan, monkeypatch):
+    """A trainer after the boundary ended its fit at step 4 for a rollout change, with stand-ins for Ray, its FSDP
+    workers (each with a vLLM ServerAdapter), the servers, router, agent loops and reward workers."""
+    import ray
+
+    from tests.test_runner_boundary import _trainer
+    from workbench.runner import rebuild
+
+    calls, killed, waits = [], [], {}
+    monkeypatch.setenv(c.SESSION_ENV, str(tmp_path))
+    monkeypatch.setattr(ray, "kill", lambda handle, no_restart: killed.append(handle.name))
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    monkeypatch.setattr(ray.actor, "ActorHandle", FakeActor)
+    monkeypatch.setattr(rebuild, "_process_trees", lambda actors: ([a.name for a in actors], {101, 102, 103}))
+    monkeypatch.setattr(rebuild, "_wait_names_free", lambda names: waits.setdefault("names", names))
+    monkeypatch.setattr(rebuild, "_wait_gpu_free", lambda done: waits.setdefault("gpu", done))
+    new = runnable_plan.with_changes({"rollout_max_num_seqs": 64})
+    path = c.segment_config_path(tmp_path, 3)
+    path.parent.mkdir(parents=True)
+    path.write_text(OmegaConf.to_yaml(new.config))
+
+    adapters = [types.SimpleNamespace(server_handle="old server", _delta_weight_transfer_engine_initialized=True)
+                for _ in range(2)]
+    fsdp = [FakeActor(f"fsdp{i}", types.SimpleNamespace(worker_dict={"actor_rollout": types.SimpleNamespace(
+        rollout=adapters[i])})) for i in range(2)]
+    old = types.SimpleNamespace(
+        get_replicas=lambda: [types.SimpleNamespace(servers=[FakeActor("server0")])],
+        global_load_balancer=FakeActor("router"), rollout_resource_pool="pool")
+    reward = types.SimpleNamespace(reward_loop_workers=[FakeActor("reward")])
+    trainer = _trainer(runnable_plan)
+    trainer.global_steps, trainer._wb_planned_steps, trainer.total_training_steps = 5, 100, 4
+    trainer.wb_rebuild_request = {"keeps": KEEPS_TRAINER}
+    trainer._wb_step_offset = 0
+    trainer._init_dump_executor = lambda: calls.append("dump executor")
+    trainer.actor_rollout_wg = types.SimpleNamespace(workers=fsdp)
+    trainer.llm_server_manager, trainer.reward_loop_manager = old, reward
+    trainer.checkpoint_manager = types.SimpleNamespace(replicas=["old replica"],
+                                                       sleep_replicas=lambda: calls.append("sleep"))
+    trainer.on_init_end = lambda: calls.append(("ready", trainer.global_steps))
+    runner = types.SimpleNamespace(agent_loop_manager=types.SimpleNamespace(agent_loop_workers=[FakeActor("loop0")]),
+                                   init_agent_loop_manager=lambda: calls.append("agent loops"))
+
+    class ServerManager:
+        @staticmethod
+        def create(config, worker_group, rollout_resource_pool):
+            calls.append(("servers", config.actor_rollout_ref.rollout.max_num_seqs, worker_group is
+                          trainer.actor_rollout_wg, rollout_resource_pool,
+                          [a.server_handle for a in adapters]))
+            return types.SimpleNamespace(get_replicas=lambda: ["new replica"])
+
+    request = {"segment": 3, "keeps": KEEPS_TRAINER, "env": {}, "config_path": str(path)}
+    return types.SimpleNamespace(trainer=trainer, runner=runner, request=request, server_manager=ServerManager,
+                                 calls=calls, killed=killed, waits=waits, adapters=adapters, reward=reward)
+
+
+def test_a_rollout_change_rebuilds_the_rollout_beside_the_kept_trainer(kept_trainer):
+    from workbench.runner.rebuild import rebuild_rollout
+
+    k = kept_trainer
+    owner = rebuild_rollout(k.runner, k.trainer, k.trainer, k.request, server_manager=k.server_manager)
+    assert owner is k.trainer
+    assert k.killed == ["server0", "router", "loop0"]  # not the FSDP workers, not the reward workers
+    assert k.waits["names"] == ["server0", "router"]
+    assert k.waits["gpu"]({7}) and not k.waits["gpu"]({7, 102})  # until no killed process holds the GPU
+    assert k.trainer.config.actor_rollout_ref.rollout.max_num_seqs == 64 and os.environ[c.SEGMENT_ENV] == "3"
+    assert k.calls == ["dump executor", ("servers", 64, True, "pool", ["old server", "old server"]),
+                       "sleep", "agent loops", ("ready", 4)]
+    assert [a.server_handle for a in k.adapters] == [None, None]  # looked up again by name
+    assert not any(a._delta_weight_transfer_engine_initialized for a in k.adapters)
+    assert k.trainer.checkpoint_manager.replicas == ["new replica"]
+    assert k.trainer.reward_loop_manager is k.reward and k.trainer.wb_rebuild_request is None
+    assert (k.trainer.global_steps, k.trainer.total_training_steps) == (4, 100)
+
+
+def test_a_failed_rollout_rebuild_checkpoints_the_kept_trainer_for_the_relaunch(kept_trainer, tmp_path):
+    from workbench.runner.rebuild import rebuild_rollout
+
+    k = kept_trainer
+    k.trainer._wb_store = Store(tmp_path)
+    saved = []
+    k.trainer._wb_checkpoint = lambda step: saved.append((step, k.trainer.global_steps)) or " (2.0 s)"
+
+    def no_room(**_):
+        raise RuntimeError("vLLM: not enough GPU memory for the KV cache")
+
+    k.server_manager.create = no_room
+    with pytest.raises(RuntimeError, match="KV cache"):
+        rebuild_rollout(k.runner, k.trainer, k.trainer, k.request, server_manager=k.server_manager)
+    assert saved == [(4, 4)]
+    event = k.trainer._wb_store.rows("events")[-1]
+    assert event["kind"] == c.EV_CHECKPOINT
+    assert event["text"] == "checkpoint at step 4 (2.0 s), after the failed rebuild"
+    k.trainer._wb_store.close()
 
 
 # ------------------------------------------------------------------ the supervisor
@@ -346,3 +510,46 @@ def test_the_changes_panel_follows_an_in_place_rebuild_by_its_own_stages():
     markup, _, done = ChangesPanel._progress(None, Tracked(handle, "LoRA alpha", pressed_at=now), handle, events)
     assert "✓ checkpoint at the step boundary" in markup and "✓ rebuild verl in place with the new plan" in markup
     assert "rebuilding verl in place:" in markup and "start-up took" not in markup and not done
+
+
+def test_the_changes_panel_says_a_rollout_change_rebuilds_the_rollout_without_a_checkpoint():
+    import time
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from widgets.changes import ChangesPanel, Tracked
+
+    now = time.time()
+    events = pd.DataFrame([{"t": now + 1, "kind": c.EV_LAUNCHED, "text": "segment 2 rebuilt in place"}])
+    handle = SimpleNamespace(state="restarting", mode="restart", keeps=KEEPS_TRAINER, done=False, problems={},
+                             message="restarting: at the next step boundary, rebuild the rollout in place")
+    markup, _, done = ChangesPanel._progress(None, Tracked(handle, "rollout memory", pressed_at=now), handle, events)
+    assert "checkpoint" not in markup.replace("no checkpoint", "") and not done
+    assert "✓ rebuild the rollout in place with the new plan" in markup
+    assert "rebuilding the rollout in place:" in markup
+
+
+def test_the_supervisor_and_a_handle_say_a_rollout_change_writes_no_checkpoint(supervised):
+    supervisor, store, runs = supervised
+    command = _apply(supervisor, store, {"rollout_max_num_seqs": 64})
+    assert store.commands_in([c.QUEUED], kinds=[c.RUNNER_REBUILD])[0]["payload"]["keeps"] == KEEPS_TRAINER
+    pending = [e for e in store.rows("events") if e["kind"] == c.EV_RESTART_PENDING][-1]
+    assert "rebuild the rollout in place (no checkpoint) (keeps the FSDP workers" in pending["text"]
+    from workbench.handles import ApplyResult
+
+    class Source:
+        id, state, failure = "s", c.RUNNING, None
+
+        @staticmethod
+        def command(command_id):
+            return store.command(command_id)
+
+        @staticmethod
+        def supervisor_alive():
+            return True
+
+    handle = ApplyResult(Source, command, "restart", {"rollout_max_num_seqs": 64}).refresh()
+    assert handle.state == "restarting" and handle.keeps == KEEPS_TRAINER
+    assert handle.message == ("restarting: at the next step boundary, rebuild the rollout in place (no checkpoint) "
+                              "with rollout_max_num_seqs=64")

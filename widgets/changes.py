@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
-from workbench.knob import KEEP_WORDS, RELAUNCH
+from workbench.knob import KEEP_WORDS, RELAUNCH, checkpoints_first
 from workbench.plan import PlanError
 
 from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
@@ -44,6 +44,14 @@ IN_PLACE_STAGES = (
     RESTART_STAGES[0],
     ("launched", "rebuild verl in place with the new plan"),
     ("started", "verl ready again (FSDP workers, checkpoint load, weights to the kept rollout)"),
+    RESTART_STAGES[-1],
+)
+# A rebuild that keeps the trainer (a rollout setting): no checkpoint, the rollout rebuilt beside the trainer.
+ROLLOUT_REBUILD_WORDS = ("restart: at the next step boundary → the rollout rebuilt in place with the new plan, "
+                         "keeping {} (no checkpoint; vLLM's start-up, ~1.5 min on an H200) → go on from that step")
+ROLLOUT_REBUILD_STAGES = (
+    ("launched", "rebuild the rollout in place with the new plan"),
+    ("started", "rollout ready again (vLLM start-up, the trainer's weights pushed to it)"),
     RESTART_STAGES[-1],
 )
 HOT_STAGES = (("accepted", "accepted by the supervisor"), ("applied", "in force from the next step"))
@@ -180,7 +188,8 @@ class ChangesPanel:
                                  d["apply"]) for d in p.diff], css="wb-table wb-diff-table"))
         if p is not None and p.ok:
             words = (HOT_WORDS if p.mode == "hot" else RESTART_WORDS if p.keeps == RELAUNCH
-                     else IN_PLACE_WORDS.format(KEEP_WORDS[p.keeps]))
+                     else (IN_PLACE_WORDS if checkpoints_first(p.keeps) else ROLLOUT_REBUILD_WORDS).format(
+                         KEEP_WORDS[p.keeps]))
             parts.append(f"<div class='wb-will'>Apply will do — {html.escape(words)}</div>")
             for knob, text in (p.warnings or {}).items():
                 parts.append(f"<div class='wb-warning'>{esc(said_once(knob, text))}</div>")
@@ -291,11 +300,15 @@ class ChangesPanel:
             if state == "resumed":
                 done |= {name for name, _ in RESTART_STAGES}
             relaunch = handle.keeps in ("", RELAUNCH)
-            stages = _stage_list(RESTART_STAGES if relaunch else IN_PLACE_STAGES, done, failed)
+            rollout_only = not relaunch and not checkpoints_first(handle.keeps)
+            stages = _stage_list(RESTART_STAGES if relaunch else ROLLOUT_REBUILD_STAGES if rollout_only
+                                 else IN_PLACE_STAGES, done, failed)
             if "launched" in done and "started" not in done and not failed:
                 so_far = time.time() - float(since[since["kind"] == "launched"]["t"].iloc[-1])
                 stages += (f"<div class='wb-muted'>verl start-up: {so_far:.0f} s so far (a start-up took ~190–230 s "
                            "on an H200)</div>" + self._startup_phases() if relaunch else
+                           f"<div class='wb-muted'>rebuilding the rollout in place: {so_far:.0f} s so far (vLLM's "
+                           "start-up took ~85 s on an H200 with a 0.5B model)</div>" if rollout_only else
                            f"<div class='wb-muted'>rebuilding verl in place: {so_far:.0f} s so far (34–37 s on an "
                            "H200 with a 0.5B model)</div>")
             lost = since[since["kind"] == "not_resumed"]["text"].tolist() if len(since) else []

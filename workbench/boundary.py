@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import control as c
-from .knob import KEEP_WORDS
+from .knob import KEEP_WORDS, checkpoints_first
 from .store import Store
 
 PAUSE_POLL_S = 0.1
@@ -120,13 +120,19 @@ class StepBoundary:
         return ending
 
     def _rebuild_in_place(self, payload: dict[str, Any], step: int) -> None:
-        """Checkpoint, then the new plan as a new segment that verl, rebuilt in place, resumes from there. Nothing
-        changes when the checkpoint fails (the change is refused, the run goes on under its plan)."""
+        """Checkpoint (unless the change keeps the trainer's workers, whose state stays where it is), then the new plan
+        as a new segment that verl, rebuilt in place, resumes from there. Nothing changes when the checkpoint fails
+        (the change is refused, the run goes on under its plan)."""
         if self._rebuild is None:
             raise ValueError("this run can't rebuild verl in place")
-        words = self._checkpoint(step)
-        self._event(c.EV_CHECKPOINT, f"checkpoint at step {step}{words}", {"step": step})
-        self.store.end_segment(self.segment_id, "done", "checkpointed for a restart-class change (rebuilt in place)")
+        keeps = payload["keeps"]
+        if checkpoints_first(keeps):
+            words = self._checkpoint(step)
+            self._event(c.EV_CHECKPOINT, f"checkpoint at step {step}{words}", {"step": step})
+            resuming = f"resuming from the checkpoint at step {step}"
+        else:
+            resuming = f"going on after step {step} (no checkpoint: the trainer's state stays in its workers)"
+        self.store.end_segment(self.segment_id, "done", "ended for a restart-class change (rebuilt in place)")
         self.segment_id = self.store.begin_segment(payload["plan_json"], reason="restart-class change",
                                                    resumed_from_step=step)
         note = self._rebuild(payload, self.segment_id)
@@ -134,8 +140,8 @@ class StepBoundary:
             self._event(c.EV_NOT_RESUMED, loss, {"segment": self.segment_id})
         self._event(
             c.EV_LAUNCHED, f"segment {self.segment_id} rebuilt in place (restart-class change; keeps "
-            f"{KEEP_WORDS[payload['keeps']]}), resuming from the checkpoint at step {step}{note}",
-            {"segment": self.segment_id, "resume_step": step, "in_place": True, "keeps": payload["keeps"],
+            f"{KEEP_WORDS[keeps]}), {resuming}{note}",
+            {"segment": self.segment_id, "resume_step": step, "in_place": True, "keeps": keeps,
              "command": payload.get("command")})
 
     def _apply(self, payload: dict[str, Any], step: int) -> None:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from . import control as c
 from . import redact
-from .knob import RELAUNCH, least_kept
+from .knob import RELAUNCH, least_kept, restart_steps
 from .knobs import KNOBS
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .recordings import no_segment_words
@@ -231,8 +231,7 @@ class ApplyResult:
         elif self.state == "accepted":
             self.message = f"accepted: {what} applies at the next step boundary"
         elif self.state == "restarting":
-            then = "relaunch" if self.keeps in ("", RELAUNCH) else "rebuild verl in place"
-            self.message = f"restarting: checkpoint at the next step boundary, then {then} with {what}"
+            self.message = f"restarting: {restart_steps(self.keeps)} with {what}"
         elif self.state == "applied":
             self.message = f"applied hot: {what} from step {self.step}"
         elif self.state == "resumed":

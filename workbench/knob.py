@@ -76,13 +76,23 @@ class RunnerPath:
 
 
 PATH_KINDS = ("restart", "call", "worker")
-# What a restart-class change leaves of the running verl, most first: the rollout (vLLM servers, agent-loop and
-# reward workers); the servers and reward workers (the agent loops are rebuilt: their client follows the trainer
-# mode); the run's processes (Ray job, TaskRunner, TransferQueue: the rollout is rebuilt); nothing (a relaunch).
-KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_PROCESSES, RELAUNCH = "rollout", "servers", "processes", "relaunch"
-REBUILD_KEEPS = (KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_PROCESSES, RELAUNCH)
+# What a restart-class change leaves of the running verl: the rollout (vLLM servers, agent-loop and reward workers);
+# the servers and reward workers (the agent loops are rebuilt: their client follows the trainer mode); the trainer
+# (its FSDP workers with their models and optimizer states, the reward workers: only the rollout is rebuilt, so no
+# checkpoint is written); the run's processes (Ray job, TaskRunner, TransferQueue: all of verl is rebuilt); nothing
+# (a relaunch).
+KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_TRAINER, KEEPS_PROCESSES, RELAUNCH = (
+    "rollout", "servers", "trainer", "processes", "relaunch")
+REBUILD_KEEPS = (KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_TRAINER, KEEPS_PROCESSES, RELAUNCH)
+# The parts of the running verl each of them keeps: a change of several knobs keeps what all of them keep.
+KEPT_PARTS = {KEEPS_ROLLOUT: frozenset({"processes", "servers", "agent_loops"}),
+              KEEPS_SERVERS: frozenset({"processes", "servers"}),
+              KEEPS_TRAINER: frozenset({"processes", "trainer"}),
+              KEEPS_PROCESSES: frozenset({"processes"}),
+              RELAUNCH: frozenset()}
 KEEP_WORDS = {KEEPS_ROLLOUT: "the vLLM servers, agent-loop and reward workers",
               KEEPS_SERVERS: "the vLLM servers and reward workers",
+              KEEPS_TRAINER: "the FSDP workers with their models and optimizer states; the rollout is rebuilt",
               KEEPS_PROCESSES: "Ray, the TaskRunner and the TransferQueue; the rollout is rebuilt",
               RELAUNCH: "nothing: verl is relaunched"}
 # The extra_info keys verl's engine workers read per call.
@@ -106,8 +116,25 @@ def restart(keeps: str) -> RunnerPath:
 
 
 def least_kept(*keeps: str) -> str:
-    """What a change of several restart-class knobs keeps: what each of them keeps, i.e. the least of them."""
-    return max(keeps, key=REBUILD_KEEPS.index, default=KEEPS_ROLLOUT)
+    """What a change of several restart-class knobs keeps: the parts each of them keeps (a rollout setting keeps the
+    trainer, a LoRA critic the rollout: together, only the processes)."""
+    parts = frozenset.intersection(*(KEPT_PARTS[k] for k in keeps)) if keeps else KEPT_PARTS[KEEPS_ROLLOUT]
+    return next(k for k in REBUILD_KEEPS if KEPT_PARTS[k] == parts)
+
+
+def restart_steps(keeps: str) -> str:
+    """What a restart keeping `keeps` does, in words ("" or RELAUNCH: a relaunch)."""
+    if keeps in ("", RELAUNCH):
+        return "checkpoint at the next step boundary, then relaunch"
+    if not checkpoints_first(keeps):
+        return "at the next step boundary, rebuild the rollout in place (no checkpoint)"
+    return "checkpoint at the next step boundary, then rebuild verl in place"
+
+
+def checkpoints_first(keeps: str) -> bool:
+    """Whether a restart keeping `keeps` writes a checkpoint at its step boundary: all but one that keeps the trainer's
+    workers, whose state stays where it is."""
+    return "trainer" not in KEPT_PARTS[keeps]
 
 
 def worker_method(method: str) -> RunnerPath:

@@ -24,9 +24,9 @@ import copy
 import functools
 from typing import Any
 
-from workbench.knob import (DYNAMIC_BSZ_INFO, KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_SERVERS, MAX_GPUS, MAX_SEQUENCES,
-                            MAX_TOKENS, RELAUNCH, TOKEN_BUDGET_INFO, UNMODELLED, WHOLE_STEP, Knob, RunnerPath,
-                            call_budget, call_micro_batch, restart, worker_method)
+from workbench.knob import (DYNAMIC_BSZ_INFO, KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_SERVERS, KEEPS_TRAINER, MAX_GPUS,
+                            MAX_SEQUENCES, MAX_TOKENS, RELAUNCH, TOKEN_BUDGET_INFO, UNMODELLED, WHOLE_STEP, Knob,
+                            RunnerPath, call_budget, call_micro_batch, restart, worker_method)
 
 _ROLLOUT = "actor_rollout_ref.rollout"
 _PLACEMENT_KEYS = ("trainer.n_gpus_per_node",)
@@ -107,19 +107,19 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     # --- rollout --------------------------------------------------------------------------------------------------
     Knob("rollout_gpu_memory", (f"{_ROLLOUT}.gpu_memory_utilization",), "float", "restart", "rollout",
          "Share of each GPU's memory the rollout engine may take.", bounds=(0.0, 0.95), lower_bound_open=True,
-         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_PROCESSES)),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_TRAINER)),
     Knob("rollout_tp", (f"{_ROLLOUT}.tensor_model_parallel_size",), "int", "restart", "rollout",
          "Tensor-parallel GPUs per rollout replica.", bounds=(1, MAX_GPUS),
          roles=("rollout",), phases=("gen", "update_weights"), model_group=UNMODELLED, runner=restart(KEEPS_PROCESSES)),
     Knob("rollout_max_batched_tokens", (f"{_ROLLOUT}.max_num_batched_tokens",), "int", "restart", "rollout",
          "Most tokens the rollout engine schedules in one forward pass.", bounds=(1, MAX_TOKENS),
-         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_PROCESSES)),
+         roles=("rollout",), phases=("gen",), model_group="rollout_engine", runner=restart(KEEPS_TRAINER)),
     Knob("rollout_enforce_eager", (f"{_ROLLOUT}.enforce_eager",), "bool", "restart", "rollout",
          "Run vLLM without CUDA graphs: a shorter start-up, slower decoding (false = capture CUDA graphs).",
-         roles=("rollout",), phases=("gen",), model_group="rollout_enforce_eager", runner=restart(KEEPS_PROCESSES)),
+         roles=("rollout",), phases=("gen",), model_group="rollout_enforce_eager", runner=restart(KEEPS_TRAINER)),
     Knob("rollout_max_num_seqs", (f"{_ROLLOUT}.max_num_seqs",), "int", "restart", "rollout",
          "Most sequences the rollout engine decodes at once (vLLM max_num_seqs).", bounds=(1, MAX_SEQUENCES),
-         roles=("rollout",), phases=("gen",), model_group="waves", runner=restart(KEEPS_PROCESSES)),
+         roles=("rollout",), phases=("gen",), model_group="waves", runner=restart(KEEPS_TRAINER)),
     Knob("agent_workers", (f"{_ROLLOUT}.agent.num_workers",), "int", "restart", "rollout",
          "Agent-loop workers that send prompts to the rollout servers (H200: 2 -> 8 changed nothing).",
          bounds=(1, 1024),

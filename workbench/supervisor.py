@@ -39,7 +39,7 @@ from . import checkpoints
 from . import control as c
 from . import verl_config
 from .handles import judge_change
-from .knob import KEEP_WORDS, RELAUNCH
+from .knob import KEEP_WORDS, RELAUNCH, restart_steps
 from .plan import PLAN_PROBLEM, Plan, PlanError
 from .procs import end_child
 from .runs import (OOM_SCAN_LINES, LiveRun, Run, checkpoint_bytes, log_tail, looks_like_oom, machine_meta,
@@ -208,15 +208,15 @@ class Supervisor:
             self.directive(c.RUNNER_REBUILD, {"plan_json": new.to_json(), "config_yaml": OmegaConf.to_yaml(new.config),
                                               "keeps": judged.keeps, "env": env, "losses": losses,
                                               "command": command_id})
-            then = f"then rebuild verl in place (keeps {KEEP_WORDS[judged.keeps]})"
+            kept = f" (keeps {KEEP_WORDS[judged.keeps]})"
         else:
             self.directive(c.RUNNER_CHECKPOINT_EXIT, {})
-            then = "then relaunch"
+            kept = ""
         self.set_state(c.RESTARTING)
         self.store.finish_command(command_id, c.RESTARTING, {**answer, "keeps": judged.keeps}, final=False)
         self.store.add_event(
             c.EV_RESTART_PENDING,
-            f"restart-class change ({', '.join(changes)}): checkpoint at the next step boundary, {then}",
+            f"restart-class change ({', '.join(changes)}): {restart_steps(judged.keeps)}{kept}",
             {"changes": changes, "command": command_id, "keeps": judged.keeps, "in_place": self.pending_in_place},
         )
 

@@ -90,8 +90,11 @@ WORKLOADS = {
 ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_budget": 32768,
                "ref_token_budget": 32768, "gradient_checkpointing": False}
 PARTS = ("all", "restart", "probe", "overhead")
-AB_STEPS = 6  # steps of each run of the overhead A/B (the first one, with start-up work, left out)
-AB_RUN_NEEDS_S = 380  # one run: cold start ~270 s, then the steps (~14 s each on the 0.5b round-1 plan)
+AB_STEPS = 8  # steps of each run of the overhead A/B (the first one, with start-up work, left out)
+AB_RUN_NEEDS_S = 420  # one run: cold start ~270 s, then the steps (~14 s each on the 0.5b round-1 plan), its stop
+# After the A/B steps of a later session run: a rollout setting changed live, which rebuilds the rollout beside the
+# kept trainer (knob.KEEPS_TRAINER; the plain-verl probe's rollout rebuild took 174 s with the trainer rebuilt too).
+ROLLOUT_CHANGE_NEEDS_S = 240
 # The restart-class changes `parts="restart"` applies in turn (label = what verl's in-place rebuild keeps, the change,
 # the seconds it needs; bench/results/h200_2026-12-02_probe/: 75 / 115 / 174 s boundary -> first step in plain verl):
 # the critic's LoRA alpha while it has no LoRA (rank 0: a change no step reads, the restart machinery alone, as the
@@ -396,9 +399,10 @@ class Campaign:
         )
 
     # ------------------------------------------------------------------ (b) the same plan restarted
-    def control_restart(self, wl: Workload, change: dict[str, Any] | None = None, label: str = "") -> None:
-        """A restart-class change, Apply -> resumed -> measured steps. Without `change`: a change no one-GPU step
-        reads (an NCCL variable), which only new processes take (a relaunch)."""
+    def control_restart(self, wl: Workload, change: dict[str, Any] | None = None, label: str = "",
+                        within_s: float | None = None) -> None:
+        """A restart-class change, Apply -> resumed (within `within_s`, else the budget) -> measured steps. Without
+        `change`: a change no one-GPU step reads (an NCCL variable), which only new processes take (a relaunch)."""
         s = self.session
         if change is None:
             current = dict(s.knob_values()["nccl_env"])
@@ -406,7 +410,7 @@ class Campaign:
         since = max((r["id"] for r in self.rows("commands")), default=0)
         handle = s.apply(change)
         self.log(f"{wl.name} control restart {label}: {handle!r}")
-        handle.wait(timeout=max(60.0, self.left()))
+        handle.wait(timeout=max(60.0, min(self.left(), within_s or self.left())))
         self.log(f"{wl.name} control restart {label} ended: {handle!r}")
         if handle.state != "resumed":
             raise RuntimeError(f"the control restart did not resume: {handle.state} {handle.message}")
@@ -692,6 +696,8 @@ class Campaign:
                 s = self.session
                 overrides = overrides or plain_overrides(s.export("overrides", segment=1), steps=AB_STEPS)
                 sessions.append(segment_steps(per_step(s.steps(), s.samples(), gpus=[0]), 1))
+                if number > 1 and self.left() >= ROLLOUT_CHANGE_NEEDS_S:  # after the first plain run: its A/B is safe
+                    self.part(f"o{number} rollout setting changed in place", self.rollout_change, wl)
                 self.part(f"o{number} stop", self.stop_session)
             else:
                 run = self.out / f"plain{number}"
@@ -712,6 +718,15 @@ class Campaign:
                         "median (timing_s/step - timing_s/gen) of all session steps / of all plain verl steps, the "
                         "first step of each run left out; details.runs: each run's own medians")
         self.log("DONE")
+
+    def rollout_change(self, wl: Workload) -> None:
+        """The rollout engine's memory share changed in the running session: verl keeps the trainer and rebuilds the
+        rollout beside it (knob.KEEPS_TRAINER) -> restart_vs_cold_<wl>_trainer.json, Apply -> first step after it
+        over this session's cold start."""
+        memory = float(self.session.knob_values()["rollout_gpu_memory"])
+        self.measured = 1
+        self.control_restart(wl, {"rollout_gpu_memory": round(memory + 0.05, 2)}, "trainer",
+                             within_s=ROLLOUT_CHANGE_NEEDS_S)
 
     def second_workload(self, wl: Workload) -> None:
         rounds = self.autopilot(wl, max_rounds=max(1, int((self.left() - 60) // ROUND_NEEDS_S)))

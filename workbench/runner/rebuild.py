@@ -11,6 +11,9 @@ it is:
   job), as after a checkpoint load;
 - KEEPS_SERVERS: the servers and reward workers; the agent loops are rebuilt (their client class follows the
   trainer mode: colocate_async's resumes aborted requests);
+- KEEPS_TRAINER (rebuild_rollout): the trainer stays as it is, FSDP workers, models, optimizer states, step count
+  and data position, so nothing is checkpointed; the vLLM servers, their router and the agent loops are rebuilt under
+  the new rollout settings and the trainer pushes its weights to the new servers;
 - KEEPS_PROCESSES: the rollout is rebuilt too.
 Proven on an H200 with plain verl 0.9.1 before the workbench used it (bench/gpu/inplace_probe.py; boundary -> first
 resumed step: 0.31 / 0.48 / 0.72 of a cold start). The supervisor sends only changes that leave the run's processes'
@@ -24,13 +27,13 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import ray
 from omegaconf import OmegaConf
 
 from .. import control as c
-from ..knob import KEEPS_PROCESSES, KEEPS_ROLLOUT
+from ..knob import KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_TRAINER
 from .runtime import milestone, runtime_config
 
 # A killed worker's process leaves the GPU when it exits; this long at most is waited for it.
@@ -64,27 +67,43 @@ def teardown(trainer, keeps: str, rollout_owner, agent_loop_manager) -> None:
     if keeps != KEEPS_ROLLOUT and agent_loop_manager is not None:
         doomed += list(agent_loop_manager.agent_loop_workers)
     if keeps == KEEPS_PROCESSES:
-        servers = rollout_owner.llm_server_manager
-        for replica in servers.get_replicas():
-            doomed += list(replica.servers)
-        if isinstance(servers.global_load_balancer, ray.actor.ActorHandle):
-            doomed.append(servers.global_load_balancer)
+        doomed += _rollout_actors(rollout_owner.llm_server_manager)
         doomed += list(rollout_owner.reward_loop_manager.reward_loop_workers or [])
     for handle in doomed:
         ray.kill(handle, no_restart=True)
     for pool in trainer.resource_pool_manager.resource_pool_dict.values():
         for pg in pool.pgs or []:
             ray.util.remove_placement_group(pg)
-    _wait_gone(pids, everything=keeps == KEEPS_PROCESSES)
+    _wait_gpu_free(lambda held: not held if keeps == KEEPS_PROCESSES else not held & set(pids))
+
+
+def _rollout_actors(servers) -> list:
+    """The vLLM server actors of an LLMServerManager, and its router where that is an actor."""
+    actors = [server for replica in servers.get_replicas() for server in replica.servers]
+    if isinstance(servers.global_load_balancer, ray.actor.ActorHandle):
+        actors.append(servers.global_load_balancer)
+    return actors
 
 
 def _pids(workers) -> list[int]:
     return ray.get([w.__ray_call__.remote(lambda _self: os.getpid()) for w in workers])
 
 
-def _wait_gone(pids: list[int], everything: bool) -> None:
-    """Until none of `pids` holds GPU memory (with `everything`, no process at all: a killed vLLM server's engine
-    processes are its children, whose pids the TaskRunner doesn't know)."""
+def _process_trees(actors) -> tuple[list[str | None], set[int]]:
+    """Each actor's name, and the pids of the actors' processes and of every process they started (a vLLM server's
+    engine core and GPU workers)."""
+    def tree(_self):
+        import psutil
+
+        return (ray.get_runtime_context().get_actor_name(),
+                [os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))])
+
+    found = ray.get([a.__ray_call__.remote(tree) for a in actors])
+    return [name for name, _ in found], {pid for _, pids in found for pid in pids}
+
+
+def _wait_gpu_free(done: Callable[[set[int]], bool]) -> None:
+    """Until `done(the pids of the processes holding GPU memory)`."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -92,13 +111,36 @@ def _wait_gone(pids: list[int], everything: bool) -> None:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         deadline = time.time() + GPU_FREE_TIMEOUT_S
         while time.time() < deadline:
-            held = {p.pid for h in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
-            if not (held if everything else held & set(pids)):
+            if done({p.pid for h in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}):
                 return
             time.sleep(0.2)
         raise RuntimeError(f"the killed workers still hold the GPU after {GPU_FREE_TIMEOUT_S:.0f} s")
     finally:
         pynvml.nvmlShutdown()
+
+
+def _wait_names_free(names: list[str | None]) -> None:
+    """Until Ray has let go of the killed actors' names: the new servers take the same ones."""
+    deadline = time.time() + GPU_FREE_TIMEOUT_S
+    for name in filter(None, names):
+        while True:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"Ray still knows the killed actor {name!r} after {GPU_FREE_TIMEOUT_S:.0f} s")
+            time.sleep(0.1)
+
+
+def forget_rollout_server(worker: Any) -> None:
+    """Ray `__ray_call__` target in each FSDP worker: its vLLM ServerAdapter looks its (rebuilt) server up again by
+    name before the next weight push, and sets the delta-transfer engine up anew."""
+    for part in (getattr(worker, "worker_dict", None) or {"": worker}).values():
+        adapter = getattr(part, "rollout", None)
+        if adapter is not None and hasattr(adapter, "server_handle"):
+            adapter.server_handle = None
+            adapter._delta_weight_transfer_engine_initialized = False
 
 
 @contextlib.contextmanager
@@ -137,6 +179,8 @@ def rebuild(task_runner, trainer, rollout_owner, request: dict[str, Any], traine
     returns (the new trainer, the trainer whose rollout it uses). `trainer_cls(config)`: the class to build."""
     keeps = request["keeps"]
     milestone(f"rebuilding in place for segment {request['segment']} (keeps {keeps})")
+    if keeps == KEEPS_TRAINER:
+        return trainer, rebuild_rollout(task_runner, trainer, rollout_owner, request)
     teardown(trainer, keeps, rollout_owner, task_runner.agent_loop_manager)
     config = config_for(request, Path(os.environ[c.SESSION_ENV]))
     task_runner.config = config
@@ -147,3 +191,41 @@ def rebuild(task_runner, trainer, rollout_owner, request: dict[str, Any], traine
         task_runner.init_agent_loop_manager()
     milestone("rebuilt in place")
     return task_runner.trainer, (task_runner.trainer if keeps == KEEPS_PROCESSES else rollout_owner)
+
+
+def rebuild_rollout(task_runner, trainer, rollout_owner, request: dict[str, Any], server_manager=None) -> Any:
+    """KEEPS_TRAINER: the rollout rebuilt under the new config beside the kept trainer, which then goes on from the
+    step its fit ended on; returns the trainer, now the owner of the rollout. The servers, their router and the
+    agent-loop workers are killed (the reward workers don't talk to the servers: kept); verl's LLMServerManager
+    (`server_manager`) launches servers bound to the same FSDP workers, whose adapters look them up again; the
+    trainer's on_init_end pushes its weights to them, as after a start. Should anything fail, the trainer, still
+    whole, checkpoints at its step first: the supervisor's relaunch resumes from there."""
+    if server_manager is None:
+        from verl.workers.rollout.llm_server import LLMServerManager as server_manager
+
+    trainer._wb_resume_fit()
+    try:
+        old = rollout_owner.llm_server_manager
+        servers = _rollout_actors(old)
+        names, pids = _process_trees(servers)
+        doomed = servers + list(task_runner.agent_loop_manager.agent_loop_workers)
+        for handle in doomed:
+            ray.kill(handle, no_restart=True)
+        _wait_names_free(names)
+        _wait_gpu_free(lambda held: not held & pids)
+        milestone("rollout torn down")
+        config = config_for(request, Path(os.environ[c.SESSION_ENV]))
+        task_runner.config = trainer.config = config
+        new = server_manager.create(config=config, worker_group=trainer.actor_rollout_wg,
+                                    rollout_resource_pool=old.rollout_resource_pool)
+        ray.get([w.__ray_call__.remote(forget_rollout_server) for w in trainer.actor_rollout_wg.workers])
+        trainer.llm_server_manager, trainer.reward_loop_manager = new, rollout_owner.reward_loop_manager
+        trainer.checkpoint_manager.replicas = new.get_replicas()
+        trainer.checkpoint_manager.sleep_replicas()
+        task_runner.init_agent_loop_manager()
+        trainer.on_init_end()  # the weights to the new servers; the workbench's boundary, "verl is ready"
+    except Exception:
+        trainer._wb_checkpoint_after_failure()
+        raise
+    milestone("rollout rebuilt in place")
+    return trainer

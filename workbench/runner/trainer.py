@@ -103,6 +103,8 @@ class WorkbenchTrainerMixin:
     # ----------------------------------------------------------------- life cycle
     def on_init_end(self):
         super().on_init_end()
+        if getattr(self, "_wb_store", None) is not None:
+            self._wb_store.close()  # a trainer kept through an in-place rebuild ends its init again
         self._wb_store = Store(os.environ[c.SESSION_ENV])
         self._wb_step_offset = int(os.environ.get(c.STEP_OFFSET_ENV, "0") or 0)
         self._wb_boundary = StepBoundary(
@@ -313,8 +315,31 @@ class WorkbenchTrainerMixin:
         seconds = time.time() - t0
         return f" ({seconds:.1f} s" + (f"; {made_room} first: the disk had no room for two" if made_room else "") + ")"
 
+    def _wb_checkpoint_after_failure(self) -> None:
+        """An in-place rebuild that kept this trainer failed (rebuild.rebuild_rollout): its state, still whole, is
+        checkpointed at its step, where the supervisor's relaunch resumes (the boundary wrote none)."""
+        step = self._wb_step_offset + self.global_steps
+        try:
+            words = self._wb_checkpoint(step)
+        except Exception as error:
+            self._wb_store.add_event(c.EV_ERROR, f"the checkpoint after the failed rebuild failed too ({error!r}): "
+                                     "the relaunch resumes from the newest checkpoint before it", {"step": step})
+            return
+        self._wb_store.add_event(c.EV_CHECKPOINT, f"checkpoint at step {step}{words}, after the failed rebuild",
+                                 {"step": step})
+
     def _wb_end_run(self) -> None:
+        self._wb_planned_steps = self.total_training_steps
         self.total_training_steps = self.global_steps  # verl's loop ends after this step
+
+    def _wb_resume_fit(self) -> None:
+        """Before the next fit of a trainer kept through an in-place rebuild (rebuild.rebuild_rollout): it goes on
+        after the step the boundary ended on (verl's loop counted one past it; fit counts it again), for the run's
+        planned length, with a dump executor again (fit shut it down)."""
+        self.total_training_steps = self._wb_planned_steps
+        self.global_steps -= 1
+        self.wb_rebuild_request = None
+        self._init_dump_executor()
 
     def _wb_rebuild(self, payload: dict[str, Any], segment_id: int) -> str:
         """A restart-class change verl takes in place, at the boundary after its checkpoint: the new segment's config
