@@ -444,6 +444,7 @@ class Campaign:
         # the run's checkpoint-and-exit (a relaunch), or its rebuilt segment's launch (in place)
         boundary = [e for e in events.to_dict("records") if e["kind"] in ("exiting", "launched") and e["t"] >= restart["t"]]
         launched = [e for e in events.to_dict("records") if e["kind"] == "launched" and e["t"] >= restart["t"]]
+        ready = [e for e in events.to_dict("records") if e["kind"] == "started" and e["t"] >= restart["t"]]
         self.save(
             f"restart_vs_cold_{wl.name}" + (f"_{label}" if label else ""), value=round(value / cold, 3),
             unit="x cold start", goal="<= 0.6",
@@ -453,6 +454,7 @@ class Campaign:
                      "checkpoint_s": float(checkpoint_s.group(1)) if checkpoint_s else None,
                      "checkpoint_text": checkpoint[0]["text"] if checkpoint else None,
                      "apply_to_relaunch_s": launch_t - restart["t"],
+                     "apply_to_verl_ready_s": (ready[0]["t"] - restart["t"]) if ready else None,
                      "relaunch_to_first_step_s": float(first[after]) - launch_t,
                      "changes": restart["changes"], "startup_phases": phases, "restart_env": restart_env_flags(),
                      "in_place": bool(launched and launched[0]["data"].get("in_place")),
