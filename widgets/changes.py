@@ -48,7 +48,8 @@ IN_PLACE_STAGES = (
 )
 # A rebuild that keeps the trainer (a rollout setting): no checkpoint, the rollout rebuilt beside the trainer.
 ROLLOUT_REBUILD_WORDS = ("restart: at the next step boundary → the rollout rebuilt in place with the new plan, "
-                         "keeping {} (no checkpoint; vLLM's start-up, ~1.5 min on an H200) → go on from that step")
+                         "keeping {} (no checkpoint; ~2 min to the first step after it on an H200) → go on from that "
+                         "step")
 ROLLOUT_REBUILD_STAGES = (
     ("launched", "rebuild the rollout in place with the new plan"),
     ("started", "rollout ready again (vLLM start-up, the trainer's weights pushed to it)"),
@@ -307,8 +308,8 @@ class ChangesPanel:
                 so_far = time.time() - float(since[since["kind"] == "launched"]["t"].iloc[-1])
                 stages += (f"<div class='wb-muted'>verl start-up: {so_far:.0f} s so far (a start-up took ~190–230 s "
                            "on an H200)</div>" + self._startup_phases() if relaunch else
-                           f"<div class='wb-muted'>rebuilding the rollout in place: {so_far:.0f} s so far (vLLM's "
-                           "start-up took ~85 s on an H200 with a 0.5B model)</div>" if rollout_only else
+                           f"<div class='wb-muted'>rebuilding the rollout in place: {so_far:.0f} s so far (65 s on an "
+                           "H200 with a 0.5B model)</div>" if rollout_only else
                            f"<div class='wb-muted'>rebuilding verl in place: {so_far:.0f} s so far (34–37 s on an "
                            "H200 with a 0.5B model)</div>")
             lost = since[since["kind"] == "not_resumed"]["text"].tolist() if len(since) else []

@@ -13,7 +13,8 @@ it is:
   trainer mode: colocate_async's resumes aborted requests);
 - KEEPS_TRAINER (rebuild_rollout): the trainer stays as it is, FSDP workers, models, optimizer states, step count
   and data position, so nothing is checkpointed; the vLLM servers, their router and the agent loops are rebuilt under
-  the new rollout settings and the trainer pushes its weights to the new servers;
+  the new rollout settings and the trainer pushes its weights to the new servers (Apply -> first resumed step 0.44
+  of a cold start on an H200, bench/results/h200_2026-12-02_overhead/);
 - KEEPS_PROCESSES: the rollout is rebuilt too.
 Proven on an H200 with plain verl 0.9.1 before the workbench used it (bench/gpu/inplace_probe.py; boundary -> first
 resumed step: 0.31 / 0.48 / 0.72 of a cold start). The supervisor sends only changes that leave the run's processes'
