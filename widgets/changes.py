@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
-from workbench.knob import KEEP_WORDS, RELAUNCH, checkpoints_first
+from workbench.knob import KEEP_WORDS, REBUILT, RELAUNCHED, ROLLOUT_REBUILT, restart_kind
 from workbench.plan import PlanError
 
 from .common import READ_ONLY_REASON, Context, assign, esc, fmt, heading, said_once, table
@@ -27,10 +27,6 @@ FEATURED_GROUPS = ("token budgets", "LoRA critic", "async")
 PLACEMENT_GROUP = "placement"
 PLAN_KEY = "plan"  # problems not tied to one knob
 HOT_WORDS = "hot: the runner applies it at the next step boundary, no restart"
-RESTART_WORDS = ("restart: checkpoint at the next step boundary → relaunch verl with the new plan → verl start-up "
-                 "(~3–4 min on an H200) → resume from the checkpoint")
-IN_PLACE_WORDS = ("restart: checkpoint at the next step boundary → verl rebuilt in place with the new plan, keeping {} "
-                  "(~1–2 min on an H200) → resume from the checkpoint")
 # A restart's stages: the first three end with the event of that kind (newer than the Apply press), the last when the
 # handle says resumed.
 RESTART_STAGES = (
@@ -39,22 +35,39 @@ RESTART_STAGES = (
     ("started", "verl start-up (Ray, models, rollout engine)"),
     ("resumed", "first resumed step"),
 )
-# An in-place rebuild's: its `launched` event opens the rebuilt segment, `started` says verl is ready again.
-IN_PLACE_STAGES = (
-    RESTART_STAGES[0],
-    ("launched", "rebuild verl in place with the new plan"),
-    ("started", "verl ready again (FSDP workers, checkpoint load, weights to the kept rollout)"),
-    RESTART_STAGES[-1],
-)
-# A rebuild that keeps the trainer (a rollout setting): no checkpoint, the rollout rebuilt beside the trainer.
-ROLLOUT_REBUILD_WORDS = ("restart: at the next step boundary → the rollout rebuilt in place with the new plan, "
-                         "keeping {} (no checkpoint; ~2 min to the first step after it on an H200) → go on from that "
-                         "step")
-ROLLOUT_REBUILD_STAGES = (
-    ("launched", "rebuild the rollout in place with the new plan"),
-    ("started", "rollout ready again (vLLM start-up, the trainer's weights pushed to it)"),
-    RESTART_STAGES[-1],
-)
+
+
+@dataclass(frozen=True)
+class RestartStory:
+    """What the panel says of a restart, by how it is carried out (knob.restart_kind): before Apply (`words`, "{}":
+    what it keeps), its stages, and while verl starts or is rebuilt (`waiting`, "{:.0f}": seconds so far)."""
+
+    words: str
+    stages: tuple[tuple[str, str], ...]
+    waiting: str
+
+
+RESTART_STORIES = {
+    RELAUNCHED: RestartStory(
+        "restart: checkpoint at the next step boundary → relaunch verl with the new plan → verl start-up "
+        "(~3–4 min on an H200) → resume from the checkpoint",
+        RESTART_STAGES, "verl start-up: {:.0f} s so far (a start-up took ~190–230 s on an H200)"),
+    # Its `launched` event opens the rebuilt segment, `started` says verl is ready again.
+    REBUILT: RestartStory(
+        "restart: checkpoint at the next step boundary → verl rebuilt in place with the new plan, keeping {} "
+        "(~1–2 min on an H200) → resume from the checkpoint",
+        (RESTART_STAGES[0], ("launched", "rebuild verl in place with the new plan"),
+         ("started", "verl ready again (FSDP workers, checkpoint load, weights to the kept rollout)"),
+         RESTART_STAGES[-1]),
+        "rebuilding verl in place: {:.0f} s so far (34–37 s on an H200 with a 0.5B model)"),
+    # A rollout setting: no checkpoint, the rollout rebuilt beside the kept trainer.
+    ROLLOUT_REBUILT: RestartStory(
+        "restart: at the next step boundary → the rollout rebuilt in place with the new plan, keeping {} (no "
+        "checkpoint; ~2 min to the first step after it on an H200) → go on from that step",
+        (("launched", "rebuild the rollout in place with the new plan"),
+         ("started", "rollout ready again (vLLM start-up, the trainer's weights pushed to it)"), RESTART_STAGES[-1]),
+        "rebuilding the rollout in place: {:.0f} s so far (65 s on an H200 with a 0.5B model)"),
+}
 HOT_STAGES = (("accepted", "accepted by the supervisor"), ("applied", "in force from the next step"))
 FAILED_STATES = ("refused", "not_applied")
 STARTUP_PHASES_EVERY_S = 2.0
@@ -188,9 +201,8 @@ class ChangesPanel:
                                [(d["knob"], as_text("", plain(d["before"])), as_text("", plain(d["after"])),
                                  d["apply"]) for d in p.diff], css="wb-table wb-diff-table"))
         if p is not None and p.ok:
-            words = (HOT_WORDS if p.mode == "hot" else RESTART_WORDS if p.keeps == RELAUNCH
-                     else (IN_PLACE_WORDS if checkpoints_first(p.keeps) else ROLLOUT_REBUILD_WORDS).format(
-                         KEEP_WORDS[p.keeps]))
+            words = (HOT_WORDS if p.mode == "hot"
+                     else RESTART_STORIES[restart_kind(p.keeps)].words.format(KEEP_WORDS.get(p.keeps, "")))
             parts.append(f"<div class='wb-will'>Apply will do — {html.escape(words)}</div>")
             for knob, text in (p.warnings or {}).items():
                 parts.append(f"<div class='wb-warning'>{esc(said_once(knob, text))}</div>")
@@ -300,18 +312,12 @@ class ChangesPanel:
             done = {name for name, _ in RESTART_STAGES[:-1] if name in kinds}
             if state == "resumed":
                 done |= {name for name, _ in RESTART_STAGES}
-            relaunch = handle.keeps in ("", RELAUNCH)
-            rollout_only = not relaunch and not checkpoints_first(handle.keeps)
-            stages = _stage_list(RESTART_STAGES if relaunch else ROLLOUT_REBUILD_STAGES if rollout_only
-                                 else IN_PLACE_STAGES, done, failed)
+            kind = restart_kind(handle.keeps)
+            stages = _stage_list(RESTART_STORIES[kind].stages, done, failed)
             if "launched" in done and "started" not in done and not failed:
                 so_far = time.time() - float(since[since["kind"] == "launched"]["t"].iloc[-1])
-                stages += (f"<div class='wb-muted'>verl start-up: {so_far:.0f} s so far (a start-up took ~190–230 s "
-                           "on an H200)</div>" + self._startup_phases() if relaunch else
-                           f"<div class='wb-muted'>rebuilding the rollout in place: {so_far:.0f} s so far (65 s on an "
-                           "H200 with a 0.5B model)</div>" if rollout_only else
-                           f"<div class='wb-muted'>rebuilding verl in place: {so_far:.0f} s so far (34–37 s on an "
-                           "H200 with a 0.5B model)</div>")
+                stages += (f"<div class='wb-muted'>{RESTART_STORIES[kind].waiting.format(so_far)}</div>"
+                           + (self._startup_phases() if kind == RELAUNCHED else ""))
             lost = since[since["kind"] == "not_resumed"]["text"].tolist() if len(since) else []
             latest = since.iloc[-1]["text"] if len(since) and not handle.done else ""
         else:

@@ -35,8 +35,8 @@ class StepBoundary:
     checkpoint(step) -> str: save a checkpoint; returns words for the event.
     end_run(): make the run end after this step. idle(seconds): wait while paused (a replay raises when killed).
     rebuild(payload, segment_id) -> str: prepare an in-place rebuild of verl under the directive's plan, as the new
-    segment (after the checkpoint; the run's fit ends after this step and verl is rebuilt); returns words for the
-    event. None where the run can't (a replay: the supervisor relaunches it instead).
+    segment (after the checkpoint where the change needs one; the run's fit ends after this step and verl, or its
+    rollout, is rebuilt); returns words for the event. None where the run can't (a replay: the supervisor relaunches it instead).
     replay=True marks events as the replay's own ("replay: …", data replay=True).
     token: the session's operator token. Only directives the supervisor signed with it are executed (each once):
     anyone who can write the store (a viewer that should not, a copied row) can't steer the run.

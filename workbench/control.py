@@ -40,7 +40,7 @@ RUNNER_RESUME = "runner.resume"
 RUNNER_HOT_APPLY = "runner.hot_apply"
 RUNNER_CHECKPOINT_EXIT = "runner.checkpoint_exit"
 RUNNER_STOP = "runner.stop"
-RUNNER_REBUILD = "runner.rebuild"  # checkpoint, then rebuild verl in place under the new plan (runner/rebuild.py)
+RUNNER_REBUILD = "runner.rebuild"  # rebuild verl, or its rollout, in place under the new plan (runner/rebuild.py)
 RUNNER_DIRECTIVES = (RUNNER_PAUSE, RUNNER_RESUME, RUNNER_HOT_APPLY, RUNNER_CHECKPOINT_EXIT, RUNNER_STOP, RUNNER_REBUILD)
 
 # ------------------------------------------------------------------------------------------------ command states

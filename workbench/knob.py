@@ -47,7 +47,7 @@ class RunnerPath:
     """How the live runner applies a knob. kind:
     "restart": the run checkpoints at the step boundary and resumes under the new plan; `keeps` says what of the
     running verl the change leaves alone, so an in-place rebuild keeps it (runner/rebuild.py, REBUILD_KEEPS: the
-    rollout, its servers, the run's processes) or, for RELAUNCH, that only new processes take it (their environment,
+    rollout, its servers, the trainer, the run's processes) or, for RELAUNCH, that only new processes take it (their environment,
     their GPUs): the supervisor relaunches verl;
     "call": the trainer puts the knob's live value into the batch's extra_info under `info` before each of `calls`
     (verl trainer methods, e.g. "_update_actor"): verl 0.9.1's engine workers take `use_dynamic_bsz`,
@@ -122,13 +122,24 @@ def least_kept(*keeps: str) -> str:
     return next(k for k in REBUILD_KEEPS if KEPT_PARTS[k] == parts)
 
 
-def restart_steps(keeps: str) -> str:
-    """What a restart keeping `keeps` does, in words ("" or RELAUNCH: a relaunch)."""
+# How a restart is carried out: verl relaunched; verl rebuilt in place after a checkpoint; the rollout alone rebuilt
+# beside the kept trainer, with no checkpoint. Each with its words (handles, supervisor, the Changes panel).
+RELAUNCHED, REBUILT, ROLLOUT_REBUILT = "relaunched", "rebuilt", "rollout_rebuilt"
+RESTART_STEPS = {RELAUNCHED: "checkpoint at the next step boundary, then relaunch",
+                 REBUILT: "checkpoint at the next step boundary, then rebuild verl in place",
+                 ROLLOUT_REBUILT: "at the next step boundary, rebuild the rollout in place (no checkpoint)"}
+
+
+def restart_kind(keeps: str) -> str:
+    """How a restart keeping `keeps` is carried out ("" or RELAUNCH: a relaunch)."""
     if keeps in ("", RELAUNCH):
-        return "checkpoint at the next step boundary, then relaunch"
-    if not checkpoints_first(keeps):
-        return "at the next step boundary, rebuild the rollout in place (no checkpoint)"
-    return "checkpoint at the next step boundary, then rebuild verl in place"
+        return RELAUNCHED
+    return REBUILT if checkpoints_first(keeps) else ROLLOUT_REBUILT
+
+
+def restart_steps(keeps: str) -> str:
+    """What a restart keeping `keeps` does, in words."""
+    return RESTART_STEPS[restart_kind(keeps)]
 
 
 def checkpoints_first(keeps: str) -> bool:

@@ -9,7 +9,7 @@ workbench-level knob (`keys` empty: GPU placement), whose verl keys `plan.py` de
 Apply classes: "hot" knobs are applied by the runner between steps without a restart (batching settings verl 0.9.1
 reads per call; fused kernels and gradient checkpointing switched in the live workers); "restart" knobs need a
 checkpoint at the step boundary and a resume under the new plan: verl rebuilt in place, keeping what the change
-leaves alone (`runner.keeps`: the rollout, its servers, the run's processes), or relaunched where only new
+leaves alone (`runner.keeps`: the rollout, its servers, the trainer, the run's processes), or relaunched where only new
 processes take it.
 
 Each knob also says, for the code that reasons about it: which roles it configures (`roles`), which of verl's step

@@ -175,14 +175,15 @@ def roles_from_steps(steps: pd.DataFrame) -> Roles:
     return Roles(critic="timing_s/update_critic" in steps or "timing_s/values" in steps, ref="timing_s/ref" in steps)
 
 
-def _median(steps: pd.DataFrame, column: str) -> float:
+def typical(steps: pd.DataFrame, column: str, mean: bool = False) -> float:
+    """A step column's median (its mean where `mean`), NaNs dropped; NaN where it has none."""
     values = pd.to_numeric(steps[column], errors="coerce").dropna() if column in steps else pd.Series(dtype=float)
-    return float(values.median()) if len(values) else math.nan
+    return float(values.mean() if mean else values.median()) if len(values) else math.nan
 
 
 def sequences_from_steps(steps: pd.DataFrame, padded: bool | None = None) -> Sequences:
-    prompt, response = _median(steps, "prompt_length/mean"), _median(steps, "response_length/mean")
-    return Sequences(prompt, response, _median(steps, "perf/total_num_tokens") / (prompt + response), padded)
+    prompt, response = typical(steps, "prompt_length/mean"), typical(steps, "response_length/mean")
+    return Sequences(prompt, response, typical(steps, "perf/total_num_tokens") / (prompt + response), padded)
 
 
 def measured_allocated(steps: pd.DataFrame, knobs: Mapping[str, Any]) -> dict[str, float]:

@@ -271,13 +271,6 @@ class Prediction:
 
 
 # ------------------------------------------------------------------------------------------------ calibration
-def _median(steps: pd.DataFrame, column: str, mean: bool = False) -> float:
-    """A step column's median (its mean where `mean`), NaNs dropped; NaN where it has none."""
-    if column not in steps:
-        return float("nan")
-    values = pd.to_numeric(steps[column], errors="coerce").dropna()
-    return float(values.mean() if mean else values.median()) if len(values) else float("nan")
-
 
 def segment_cost(m: Any) -> SegmentCost | None:
     """The cost of the segment an advisor `Measurements` holds (steps after warm-up, in-step samples): each timing's
@@ -285,10 +278,11 @@ def segment_cost(m: Any) -> SegmentCost | None:
     (their median is one or the other, and the autopilot judges the plan by the mean)."""
     steps = m.steps
     alternating = m.knobs.get("trainer_mode") == "colocate_async"
-    step_s = _median(steps, "timing_s/step", alternating)
+    step_s = memory_fit.typical(steps, "timing_s/step", alternating)
     if not step_s > 0:
         return None
-    phase_s = {p: v for p in PHASES if not math.isnan(v := _median(steps, f"timing_s/{p}", alternating))}
+    phase_s = {p: v for p in PHASES
+               if not math.isnan(v := memory_fit.typical(steps, f"timing_s/{p}", alternating))}
     durations = pd.to_numeric(steps["timing_s/step"], errors="coerce").dropna()
     reserved = [float(pd.to_numeric(steps[c], errors="coerce").max()) for c in
                 ("actor/perf/max_memory_reserved_gb", "critic/perf/max_memory_reserved_gb") if c in steps]
@@ -301,7 +295,8 @@ def segment_cost(m: Any) -> SegmentCost | None:
         segment_id=m.segment_id, knobs=dict(m.knobs), steps=tuple(int(s) for s in steps["step"]), phase_s=phase_s,
         other_s=max(0.0, step_s - sum(phase_s.values())), step_s=step_s,
         step_spread=float((durations.max() - durations.min()) / 2 / step_s),
-        tokens=_median(steps, "perf/total_num_tokens"), trainer_peak_gb=max(reserved, default=float("nan")),
+        tokens=memory_fit.typical(steps, "perf/total_num_tokens"),
+        trainer_peak_gb=max(reserved, default=float("nan")),
         gpu_peak_gb=gpu_peak, mem_total_gb=mem_total,
         observation=memory_fit.observation(m.segment_id, steps, m.knobs, padded=getattr(m, "padded", None),
                                            gpu_peak_gib=gpu_peak),

@@ -37,7 +37,8 @@ from .. import control as c
 from ..knob import KEEPS_PROCESSES, KEEPS_ROLLOUT, KEEPS_TRAINER
 from .runtime import milestone, runtime_config
 
-# A killed worker's process leaves the GPU when it exits; this long at most is waited for it.
+# A killed actor's processes leave the GPU when they exit, and Ray lets go of its name; this long at most is waited
+# for either.
 GPU_FREE_TIMEOUT_S = 90.0
 # What a relaunch's environment said about resuming (runs.restart_environment) is about one launch: a rebuild sets
 # what its own change needs and clears the rest (the critic resumes unless the new change rebuilt it; the actor

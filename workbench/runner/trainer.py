@@ -342,9 +342,9 @@ class WorkbenchTrainerMixin:
         self._init_dump_executor()
 
     def _wb_rebuild(self, payload: dict[str, Any], segment_id: int) -> str:
-        """A restart-class change verl takes in place, at the boundary after its checkpoint: the new segment's config
-        for the TaskRunner, which rebuilds verl once this fit has ended (task_runner.py, rebuild.py); returns words
-        for the event."""
+        """A restart-class change verl takes in place, at the boundary (after its checkpoint where it needs one): the
+        new segment's config for the TaskRunner, which rebuilds verl, or only its rollout, once this fit has ended
+        (task_runner.py, rebuild.py); returns words for the event."""
         session_dir = Path(os.environ[c.SESSION_ENV])
         path = c.segment_config_path(session_dir, segment_id)
         path.parent.mkdir(exist_ok=True)
