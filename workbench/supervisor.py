@@ -392,8 +392,9 @@ class Supervisor:
         return any(e["kind"] == c.EV_REBUILD_FAILED for e in self.store.rows("events", since_id=seen))
 
     def _relaunch_after_failed_rebuild(self) -> None:
-        """The run checkpointed for an in-place rebuild, which failed before verl was ready: the segment the runner
-        opened for it failed; the change is relaunched as any restart-class change is."""
+        """An in-place rebuild failed before verl was ready, after the run checkpointed (at the step boundary, or
+        after the failure where it kept the trainer): the segment the runner opened for it failed; the change is
+        relaunched as any restart-class change is."""
         self.run.kill()
         self.run = None
         failed = self.segment_id

@@ -89,6 +89,14 @@ WORKLOADS = {
 # what `parts="restart"` starts from, so that a cold start and a restart fit in what a lease has left.
 ROUND1_0_5B = {"fused_kernels": True, "use_dynamic_bsz": True, "logprob_token_budget": 32768,
                "ref_token_budget": 32768, "gradient_checkpointing": False}
+
+
+def round1_0_5b() -> Workload:
+    """The 0.5b workload on the autopilot's round-1 plan."""
+    base = WORKLOADS["0.5b"]
+    return Workload(base.name, base.shape, {**base.knobs, **ROUND1_0_5B}, base.n_train, base.replay)
+
+
 PARTS = ("all", "restart", "probe", "overhead")
 AB_STEPS = 8  # steps of each run of the overhead A/B (the first one, with start-up work, left out)
 AB_RUN_NEEDS_S = 420  # one run: cold start ~270 s, then the steps (~14 s each on the 0.5b round-1 plan), its stop
@@ -438,13 +446,14 @@ class Campaign:
                                    first_step_end=float(first[seg]))
                 phases[str(seg)] = {"summary": summary(df), "phases": df[["phase", "seconds", "source"]].to_dict("records")}
         events = s.events()
-        checkpoint = [e for e in events.to_dict("records") if e["kind"] == "checkpoint" and e["t"] >= restart["t"]]
+        since = [e for e in events.to_dict("records") if e["t"] >= restart["t"]]
+        checkpoint = [e for e in since if e["kind"] == "checkpoint"]
         checkpoint_s = re.search(r"\(([0-9.]+) s", checkpoint[0]["text"]) if checkpoint else None
         launch_t = float(segs.loc[after, "started_at"])
         # the run's checkpoint-and-exit (a relaunch), or its rebuilt segment's launch (in place)
-        boundary = [e for e in events.to_dict("records") if e["kind"] in ("exiting", "launched") and e["t"] >= restart["t"]]
-        launched = [e for e in events.to_dict("records") if e["kind"] == "launched" and e["t"] >= restart["t"]]
-        ready = [e for e in events.to_dict("records") if e["kind"] == "started" and e["t"] >= restart["t"]]
+        boundary = [e for e in since if e["kind"] in ("exiting", "launched")]
+        launched = [e for e in since if e["kind"] == "launched"]
+        ready = [e for e in since if e["kind"] == "started"]
         self.save(
             f"restart_vs_cold_{wl.name}" + (f"_{label}" if label else ""), value=round(value / cold, 3),
             unit="x cold start", goal="<= 0.6",
@@ -601,8 +610,7 @@ class Campaign:
         """Only (b) on 0.5b, from the autopilot's round-1 plan: cold start -> step 1 -> restart-class changes verl
         takes in place, each keeping less of the run (IN_PLACE_CONTROLS), while the budget lasts -> each one's first
         resumed step against the cold start (`restart_vs_cold_0.5b_<keeps>.json`)."""
-        base = WORKLOADS["0.5b"]
-        wl = Workload(base.name, base.shape, {**base.knobs, **ROUND1_0_5B}, base.n_train, base.replay)
+        wl = round1_0_5b()
         self.steps_before, self.measured = 1, 1
         if self.part("r1 start 0.5b on the autopilot's round-1 plan", self.start, wl):
             for label, change, needs in IN_PLACE_CONTROLS:
@@ -684,8 +692,7 @@ class Campaign:
         round-1 plan), alternating session, plain, session, plain while the budget lasts (issue 17 asks for
         alternating runs): AB_STEPS steps each -> overhead_ab.json, (step - gen) and whole-step medians of all runs
         of a side, and each run's own."""
-        base = WORKLOADS["0.5b"]
-        wl = Workload(base.name, base.shape, {**base.knobs, **ROUND1_0_5B}, base.n_train, base.replay)
+        wl = round1_0_5b()
         self.steps_before = AB_STEPS
         sessions, plains, overrides = [], [], None
         for number, side in enumerate(("session", "plain", "session", "plain"), start=1):

@@ -176,13 +176,14 @@ def kept_rollout(owner, trainer_base=None) -> Iterator[None]:
         trainer_base.LLMServerManager, trainer_base.RewardLoopManager = originals
 
 
-def rebuild(task_runner, trainer, rollout_owner, request: dict[str, Any], trainer_cls) -> tuple[Any, Any]:
-    """Rebuild verl in the TaskRunner for the request the trainer's step boundary left (trainer.py `_wb_rebuild`);
-    returns (the new trainer, the trainer whose rollout it uses). `trainer_cls(config)`: the class to build."""
+def rebuild(task_runner, trainer, rollout_owner, request: dict[str, Any], trainer_cls) -> Any:
+    """Rebuild verl in the TaskRunner (its `trainer` is then the one to fit) for the request the trainer's step
+    boundary left (trainer.py `_wb_rebuild`); returns the trainer whose rollout it uses. `trainer_cls(config)`: the
+    class to build."""
     keeps = request["keeps"]
     milestone(f"rebuilding in place for segment {request['segment']} (keeps {keeps})")
     if keeps == KEEPS_TRAINER:
-        return trainer, rebuild_rollout(task_runner, trainer, rollout_owner, request)
+        return rebuild_rollout(task_runner, trainer, rollout_owner, request)
     teardown(trainer, keeps, rollout_owner, task_runner.agent_loop_manager)
     config = config_for(request, Path(os.environ[c.SESSION_ENV]))
     task_runner.config = config
@@ -192,7 +193,7 @@ def rebuild(task_runner, trainer, rollout_owner, request: dict[str, Any], traine
     if keeps != KEEPS_ROLLOUT:
         task_runner.init_agent_loop_manager()
     milestone("rebuilt in place")
-    return task_runner.trainer, (task_runner.trainer if keeps == KEEPS_PROCESSES else rollout_owner)
+    return task_runner.trainer if keeps == KEEPS_PROCESSES else rollout_owner
 
 
 def rebuild_rollout(task_runner, trainer, rollout_owner, request: dict[str, Any], server_manager=None) -> Any:

@@ -54,7 +54,7 @@ class _WorkbenchTaskRunner(TaskRunnerV1.__ray_actor_class__):
                 if request is None:
                     break
                 try:
-                    _, rollout_owner = rebuild(self, self.trainer, rollout_owner, request, trainer_class)
+                    rollout_owner = rebuild(self, self.trainer, rollout_owner, request, trainer_class)
                 except Exception as error:
                     # Before verl is ready again: the supervisor relaunches from the checkpoint just written.
                     Store(os.environ[c.SESSION_ENV]).add_event(
